@@ -1,0 +1,193 @@
+"""Prefix-cache-aware routers and the router-side approximate prefix index they share.
+
+A router cannot see a replica's KV cache. Like llm-d's approximate prefix-cache scorer and Dynamo's
+KV router without KV events, these routers remember which block hashes *they* sent where
+(:class:`ApproxPrefixIndex`) and assume those blocks are still cached until the per-replica LRU
+capacity pushes them out or they age past a TTL. The estimate is wrong when the engine evicts earlier
+(memory pressure) or restarts; a replica seen unhealthy is forgotten, as its cache will be empty.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import Field
+
+from twin.policies.routing import ROUTERS, BaseRouter, RouterParams
+from twin.policies.types import ReplicaSnapshot, RequestFacts, RoutingDecision
+
+
+class ApproxPrefixIndex:
+    """Per replica, an LRU of block hashes this router sent there, with capacity and aging."""
+
+    def __init__(self, *, capacity_blocks: int, ttl_s: float | None) -> None:
+        if capacity_blocks < 1:
+            raise ValueError("capacity_blocks must be >= 1")
+        self.capacity_blocks = capacity_blocks
+        self.ttl_s = ttl_s
+        self._lru: dict[str, OrderedDict[int, float]] = {}
+
+    def record(self, replica_id: str, block_hashes: Sequence[int], now_s: float) -> None:
+        """Blocks were sent to ``replica_id`` at ``now_s``.
+
+        Recorded leaf first, so the prefix root is the most recently used and is evicted last, as an
+        engine evicts a freed request's blocks from the tail.
+        """
+        lru = self._lru.setdefault(replica_id, OrderedDict())
+        for h in reversed(block_hashes):
+            lru[h] = now_s
+            lru.move_to_end(h)
+        while len(lru) > self.capacity_blocks:
+            lru.popitem(last=False)
+        self._expire(lru, now_s)
+
+    def match_blocks(self, replica_id: str, block_hashes: Sequence[int], now_s: float) -> int:
+        """How many leading blocks of the prompt the index believes are cached on ``replica_id``."""
+        lru = self._lru.get(replica_id)
+        if not lru:
+            return 0
+        self._expire(lru, now_s)
+        n = 0
+        for h in block_hashes:
+            if h not in lru:
+                break
+            n += 1
+        return n
+
+    def forget(self, replica_id: str) -> None:
+        self._lru.pop(replica_id, None)
+
+    def size(self, replica_id: str) -> int:
+        return len(self._lru.get(replica_id, ()))
+
+    def _expire(self, lru: OrderedDict[int, float], now_s: float) -> None:
+        if self.ttl_s is None:
+            return
+        while lru:
+            h, t = next(iter(lru.items()))
+            if now_s - t <= self.ttl_s:
+                break
+            del lru[h]
+
+
+class _PrefixIndexParams(RouterParams):
+    index_capacity_blocks: int = Field(31_250, ge=1, description="LRU capacity per replica, in blocks")
+    index_ttl_s: float | None = Field(600.0, gt=0, description="forget a block this long after last use")
+
+
+class _PrefixIndexRouter(BaseRouter):
+    params: _PrefixIndexParams
+
+    def __init__(self, params: RouterParams, *, seed: int) -> None:
+        super().__init__(params, seed=seed)
+        self.index = ApproxPrefixIndex(capacity_blocks=self.params.index_capacity_blocks,
+                                       ttl_s=self.params.index_ttl_s)
+
+    def _observe(self, replicas: Sequence[ReplicaSnapshot], now_s: float) -> None:
+        for r in replicas:
+            if not r.healthy:
+                self.index.forget(r.replica_id)
+
+    def on_routed(self, request: RequestFacts, replica_id: str, now_s: float) -> None:
+        self.index.record(replica_id, request.block_hashes, now_s)
+
+
+# -------------------------------------------------------------------------------------------- llm-d scorer
+class LlmDScorerParams(_PrefixIndexParams):
+    kind: Literal["llm_d_scorer"] = "llm_d_scorer"
+    prefix_weight: float = Field(3.0, ge=0)
+    queue_weight: float = Field(2.0, ge=0)
+    kv_usage_weight: float = Field(2.0, ge=0)
+
+
+@ROUTERS.register("llm_d_scorer")
+class LlmDScorerRouter(_PrefixIndexRouter):
+    """Weighted scorers in the style of llm-d's inference scheduler; the highest total wins.
+
+    - prefix: leading prompt blocks found in the router's own index for that replica / prompt blocks;
+    - queue: min-max normalised scraped waiting queue, 1 for the shortest and 0 for the longest
+      (1 for all when equal), so it is relative: a longer queue by one request scores like one longer
+      by a hundred;
+    - kv usage: 1 - scraped KV cache usage.
+    Ties break by ``replica_id``.
+    """
+
+    Params = LlmDScorerParams
+    params: LlmDScorerParams
+
+    def scores(self, request: RequestFacts, candidates: Sequence[ReplicaSnapshot], now_s: float) -> list[float]:
+        p = self.params
+        n_blocks = len(request.block_hashes)
+        q = [c.num_waiting for c in candidates]
+        q_lo, q_hi = min(q), max(q)
+        out = []
+        for c in candidates:
+            prefix = self.index.match_blocks(c.replica_id, request.block_hashes, now_s) / n_blocks if n_blocks else 0.0
+            queue = 1.0 if q_hi == q_lo else (q_hi - c.num_waiting) / (q_hi - q_lo)
+            kv = 1.0 - c.kv_usage
+            out.append(p.prefix_weight * prefix + p.queue_weight * queue + p.kv_usage_weight * kv)
+        return out
+
+    def _choose(self, request: RequestFacts, candidates: list[ReplicaSnapshot], now_s: float) -> RoutingDecision:
+        totals = self.scores(request, candidates, now_s)
+        best = min(range(len(candidates)), key=lambda i: (-totals[i], candidates[i].replica_id))
+        scores = tuple((c.replica_id, s) for c, s in zip(candidates, totals, strict=True))
+        return RoutingDecision(candidates[best].replica_id, "llm_d_scorer (score, higher wins)", scores)
+
+
+# ------------------------------------------------------------------------------------------ Dynamo KV cost
+class DynamoKvCostParams(_PrefixIndexParams):
+    kind: Literal["dynamo_kv_cost"] = "dynamo_kv_cost"
+    block_size_tokens: int = Field(16, ge=1, description="engine KV block size the block hashes use")
+    overlap_score_weight: float = Field(1.0, ge=0, description="weight of uncached prefill blocks")
+    temperature: float = Field(0.0, ge=0, description="0: argmin; > 0: softmax sampling on -cost")
+    index_ttl_s: float | None = Field(120.0, gt=0)
+
+
+@ROUTERS.register("dynamo_kv_cost")
+class DynamoKvCostRouter(_PrefixIndexRouter):
+    """Cost in the style of Dynamo's KV router; the lowest cost wins.
+
+    ``cost = overlap_score_weight * prefill_blocks + decode_blocks`` where
+    ``prefill_blocks`` = prompt blocks minus the leading blocks the router's index says are cached there,
+    ``decode_blocks`` = blocks of the tokens the router has in flight there (``outstanding_tokens``)
+    plus the new request's prompt blocks. With ``temperature > 0`` the pick is sampled with probability
+    proportional to ``exp(-(cost / max cost) / temperature)`` from the router's seeded stream.
+    """
+
+    Params = DynamoKvCostParams
+    params: DynamoKvCostParams
+
+    def costs(self, request: RequestFacts, candidates: Sequence[ReplicaSnapshot], now_s: float) -> list[float]:
+        p = self.params
+        bs = p.block_size_tokens
+        prompt_blocks = math.ceil(request.prompt_tokens / bs)
+        out = []
+        for c in candidates:
+            cached = min(self.index.match_blocks(c.replica_id, request.block_hashes, now_s), prompt_blocks)
+            decode = math.ceil(c.outstanding_tokens / bs) + prompt_blocks
+            out.append(p.overlap_score_weight * (prompt_blocks - cached) + decode)
+        return out
+
+    def _choose(self, request: RequestFacts, candidates: list[ReplicaSnapshot], now_s: float) -> RoutingDecision:
+        costs = self.costs(request, candidates, now_s)
+        scores = tuple((c.replica_id, s) for c, s in zip(candidates, costs, strict=True))
+        if self.params.temperature == 0.0:
+            best = min(range(len(candidates)), key=lambda i: (costs[i], candidates[i].replica_id))
+            return RoutingDecision(candidates[best].replica_id, "dynamo_kv_cost (cost, lower wins)", scores)
+        top = max(costs)
+        norm = [c / top if top > 0 else 0.0 for c in costs]
+        lo = min(norm)
+        weights = [math.exp(-(x - lo) / self.params.temperature) for x in norm]
+        u = self.rng.random() * sum(weights)
+        acc = 0.0
+        pick = len(candidates) - 1
+        for i, w in enumerate(weights):
+            acc += w
+            if u < acc:
+                pick = i
+                break
+        return RoutingDecision(candidates[pick].replica_id, "dynamo_kv_cost: softmax sample (cost, lower wins)", scores)

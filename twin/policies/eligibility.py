@@ -1,0 +1,54 @@
+"""The one eligibility rule every router applies before choosing.
+
+Hard constraints (never relaxed): the replica is healthy, serves the request's model, lies inside the
+request's residency constraint, and its ``max_model_len`` fits prompt + expected output.
+
+Then two steering preferences, each applied only when it leaves at least one replica, so that a
+request is refused (``None``) exactly when no replica meets the hard constraints:
+
+1. a request that needs long context goes to the long-context pool when that pool has an eligible
+   replica (the other half of the rule, keeping short requests off that pool, is the
+   ``long_context_pool`` router);
+2. a request steered to a region stays in that region when the region has a candidate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from twin.policies.types import ReplicaSnapshot, RequestFacts
+
+LONG_CONTEXT_POOL = "long_context"
+
+
+def is_eligible(request: RequestFacts, replica: ReplicaSnapshot) -> bool:
+    """The hard constraints for one replica."""
+    if not replica.healthy or replica.model != request.model:
+        return False
+    if request.allowed_regions is not None and replica.region not in request.allowed_regions:
+        return False
+    return replica.max_model_len >= request.total_tokens
+
+
+def eligible_replicas(request: RequestFacts, replicas: Sequence[ReplicaSnapshot]) -> list[ReplicaSnapshot]:
+    """Replicas meeting the hard constraints, sorted by ``replica_id`` (the tie-break order)."""
+    return sorted((r for r in replicas if is_eligible(request, r)), key=lambda r: r.replica_id)
+
+
+def candidate_replicas(
+    request: RequestFacts,
+    replicas: Sequence[ReplicaSnapshot],
+    *,
+    long_context_pool: str = LONG_CONTEXT_POOL,
+) -> list[ReplicaSnapshot]:
+    """Eligible replicas after the steering preferences; empty exactly when none is eligible."""
+    out = eligible_replicas(request, replicas)
+    if request.needs_long_context:
+        in_pool = [r for r in out if r.pool == long_context_pool]
+        if in_pool:
+            out = in_pool
+    if request.region is not None:
+        local = [r for r in out if r.region == request.region]
+        if local:
+            out = local
+    return out
