@@ -1,0 +1,112 @@
+"""Least-squares fitting of the compact step-time coefficients (non-negative, relative error).
+
+Used by ``derive`` (fitting to the operator-level H100 model) and by the calibration work (fitting to
+step durations recorded from a real vLLM). Minimises the squared *relative* error of each step, so short
+decode steps and long prefill steps count alike. Non-negativity keeps the model monotone: more tokens,
+more context or more attention work never make a step faster.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from twin.engine_profiles.profile import (
+    DecodeCoefficients,
+    PrefillCoefficients,
+    RegimeFitQuality,
+    StepTimeCoefficients,
+)
+from twin.engine_profiles.step import StepShape
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimeFit:
+    coefficients: StepTimeCoefficients
+    decode_quality: RegimeFitQuality
+    prefill_quality: RegimeFitQuality
+
+
+def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Exact non-negative least squares for a handful of columns: the best unconstrained solution over every
+    subset of active columns whose coefficients are all >= 0 (2**k small solves; k <= 4 here)."""
+    k = a.shape[1]
+    best, best_cost = np.zeros(k), float(b @ b)
+    for r in range(1, k + 1):
+        for cols in itertools.combinations(range(k), r):
+            sub = a[:, cols]
+            x, *_ = np.linalg.lstsq(sub, b, rcond=None)
+            if np.any(x < 0):
+                continue
+            resid = b - sub @ x
+            cost = float(resid @ resid)
+            if cost < best_cost - 1e-18 * max(1.0, best_cost):
+                best = np.zeros(k)
+                best[list(cols)] = x
+                best_cost = cost
+    return best
+
+
+def _quality(pred: np.ndarray, y: np.ndarray) -> RegimeFitQuality:
+    rel = np.abs(pred - y) / y
+    return RegimeFitQuality(
+        num_samples=int(y.size),
+        rmse_s=float(np.sqrt(np.mean((pred - y) ** 2))),
+        mean_abs_rel_error=float(rel.mean()),
+        max_abs_rel_error=float(rel.max()),
+    )
+
+
+def _fit_regime(features: np.ndarray, y: np.ndarray, name: str) -> tuple[np.ndarray, RegimeFitQuality]:
+    if y.size < features.shape[1]:
+        raise ValueError(f"{name}: need at least {features.shape[1]} steps to fit, got {y.size}")
+    if np.any(y <= 0):
+        raise ValueError(f"{name}: step durations (after overhead) must be positive")
+    w = 1.0 / y  # relative error
+    x = nnls(features * w[:, None], y * w)
+    return x, _quality(features @ x, y)
+
+
+def fit_step_time(
+    shapes: Sequence[StepShape], elapsed_s: Sequence[float], *, overhead_s: float | None = None
+) -> StepTimeFit:
+    """Fit both regimes to measured (or modelled) step durations.
+
+    ``overhead_s`` is the per-step time outside model execution. Step durations alone cannot separate it
+    from the regimes' ``base_s`` (they are added together), so pass it when it is known (e.g. from CPU-side
+    timings); when None it is 0 and each regime's ``base_s`` carries it.
+    """
+    if len(shapes) != len(elapsed_s):
+        raise ValueError("shapes and elapsed_s must have the same length")
+    ovh = 0.0 if overhead_s is None else float(overhead_s)
+    if ovh < 0:
+        raise ValueError("overhead_s must be >= 0")
+    y_all = np.asarray(elapsed_s, dtype=np.float64) - ovh
+    dec = [i for i, s in enumerate(shapes) if s.is_decode_only]
+    pre = [i for i, s in enumerate(shapes) if not s.is_decode_only]
+    fd = np.array([[1.0, shapes[i].decode_requests, shapes[i].decode_context_tokens] for i in dec]).reshape(-1, 3)
+    xd, qd = _fit_regime(fd, y_all[dec], "decode-only steps")
+    fp = np.array(
+        [
+            [1.0, shapes[i].total_tokens, shapes[i].prefill_attention_pairs, shapes[i].decode_context_tokens]
+            for i in pre
+        ]
+    ).reshape(-1, 4)
+    xp, _ = _fit_regime(fp, y_all[pre], "prefill-carrying steps")
+    coefficients = StepTimeCoefficients(
+        overhead_s=ovh,
+        decode=DecodeCoefficients(base_s=xd[0], per_request_s=xd[1], per_context_token_s=xd[2]),
+        prefill=PrefillCoefficients(
+            base_s=xp[0], per_token_s=xp[1], per_attention_pair_s=xp[2], per_decode_context_token_s=xp[3]
+        ),
+    )
+    # prefill quality is measured on the model as used (floored at the decode-only time of its decodes)
+    from twin.engine_profiles.step_time import LinearStepTimeModel
+
+    model = LinearStepTimeModel.from_coefficients(coefficients)
+    pred_p = np.array([model.step_time_s(shapes[i]) for i in pre]) - ovh
+    qp = _quality(pred_p, y_all[pre])
+    return StepTimeFit(coefficients=coefficients, decode_quality=qd, prefill_quality=qp)

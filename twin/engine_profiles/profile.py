@@ -1,0 +1,183 @@
+"""The engine-profile file format: one YAML file per (model, hardware, TP, dtypes) serving configuration.
+
+Pydantic models, validated once at load time and frozen. Nothing here is on the simulator's hot path:
+``EngineProfile.step_time_model()`` turns the coefficients into plain floats once.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from twin.engine_profiles.memory import kv_bytes_per_token, weight_bytes
+from twin.engine_profiles.step_time import LinearStepTimeModel
+
+Dtype = Literal["bf16", "fp8"]
+
+DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp8": 1}
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ModelShape(_Frozen):
+    """A Llama-style dense decoder (GQA attention, gated SiLU MLP, RMSNorm)."""
+
+    name: str
+    num_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    intermediate_size: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_kv_heads: int = Field(gt=0)
+    head_dim: int = Field(gt=0)
+    vocab_size: int = Field(gt=0)
+    tie_word_embeddings: bool = False
+
+    @model_validator(mode="after")
+    def _gqa(self) -> ModelShape:
+        if self.num_attention_heads % self.num_kv_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_kv_heads")
+        return self
+
+
+class Hardware(_Frozen):
+    name: str
+    gpu_memory_bytes: int = Field(gt=0, description="memory CUDA reports per device (torch.cuda.mem_get_info total)")
+    gpus_per_node: int = Field(gt=0)
+    price_per_gpu_hour_usd: float | None = Field(default=None, ge=0)
+
+
+class MemoryAssumptions(_Frozen):
+    """What vLLM's startup profiling subtracts besides weights (§3.3 of the engine-semantics reference)."""
+
+    gpu_memory_utilization: float = Field(default=0.92, gt=0, le=1)
+    non_torch_bytes_per_gpu: int = Field(ge=0, description="NCCL / cuBLAS workspaces and other non-torch allocations")
+    activation_bytes_per_batched_token: int = Field(
+        ge=0, description="transient activation peak of the profiling pass, per max_num_batched_tokens token, per GPU"
+    )
+    cudagraph_bytes_per_gpu: int = Field(ge=0, description="CUDA-graph memory estimate subtracted at startup")
+    notes: str = ""
+
+
+class DecodeCoefficients(_Frozen):
+    """Decode-only step: base_s + per_request_s * decode_requests + per_context_token_s * decode_context_tokens."""
+
+    base_s: float = Field(ge=0)
+    per_request_s: float = Field(ge=0)
+    per_context_token_s: float = Field(ge=0)
+
+
+class PrefillCoefficients(_Frozen):
+    """Prefill-carrying step: base_s + per_token_s * total_tokens + per_attention_pair_s * prefill_attention_pairs
+    + per_decode_context_token_s * decode_context_tokens (never below the decode-only time of its decodes)."""
+
+    base_s: float = Field(ge=0)
+    per_token_s: float = Field(ge=0)
+    per_attention_pair_s: float = Field(ge=0)
+    per_decode_context_token_s: float = Field(ge=0)
+
+
+class StepTimeCoefficients(_Frozen):
+    overhead_s: float = Field(ge=0, description="per-step time outside model execution, added to every step")
+    decode: DecodeCoefficients
+    prefill: PrefillCoefficients
+
+
+class RegimeFitQuality(_Frozen):
+    num_samples: int
+    rmse_s: float
+    mean_abs_rel_error: float
+    max_abs_rel_error: float
+
+
+class FitQuality(_Frozen):
+    """How well the compact coefficients reproduce the points they were fitted to."""
+
+    target: str = Field(description="what the compact model was fitted to")
+    decode: RegimeFitQuality
+    prefill: RegimeFitQuality
+
+
+class Check(_Frozen):
+    """One comparison of the profile against a public measured figure (not used in the fit unless used_in_fit)."""
+
+    name: str
+    source: str = Field(description="file path relative to ../shared")
+    quantity: str
+    measured: float
+    twin: float
+    rel_error: float = Field(description="(twin - measured) / measured")
+    used_in_fit: bool = False
+    notes: str = ""
+
+
+class Provenance(_Frozen):
+    sources: list[str] = Field(description="file paths relative to ../shared")
+    command: str
+    generated_on: str
+    notes: str = ""
+
+
+class EngineProfileSpec(_Frozen):
+    """The YAML file, field by field (see docs/profiles.md)."""
+
+    name: str
+    model: ModelShape
+    hardware: Hardware
+    tp: int = Field(gt=0)
+    weight_dtype: Dtype
+    kv_dtype: Dtype
+    memory: MemoryAssumptions
+    step_time: StepTimeCoefficients | None = Field(
+        default=None, description="None for a shape-only skeleton whose coefficients are not fitted yet"
+    )
+    fit_quality: FitQuality | None = None
+    checks: list[Check] = Field(default_factory=list)
+    provenance: Provenance
+
+
+class EngineProfile:
+    """A loaded profile: the validated spec plus the derived quantities the twin needs."""
+
+    __slots__ = ("spec", "_kv_bytes_per_token", "_weight_bytes")
+
+    def __init__(self, spec: EngineProfileSpec) -> None:
+        self.spec = spec
+        self._kv_bytes_per_token = kv_bytes_per_token(
+            num_layers=spec.model.num_layers,
+            num_kv_heads=spec.model.num_kv_heads,
+            head_dim=spec.model.head_dim,
+            dtype_bytes=DTYPE_BYTES[spec.kv_dtype],
+        )
+        self._weight_bytes = weight_bytes(spec.model, weight_dtype_bytes=DTYPE_BYTES[spec.weight_dtype])
+
+    name = property(lambda self: self.spec.name)
+    model = property(lambda self: self.spec.model)
+    hardware = property(lambda self: self.spec.hardware)
+    tp = property(lambda self: self.spec.tp)
+    weight_dtype = property(lambda self: self.spec.weight_dtype)
+    kv_dtype = property(lambda self: self.spec.kv_dtype)
+    memory = property(lambda self: self.spec.memory)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes per token for the whole replica (all TP ranks together)."""
+        return self._kv_bytes_per_token
+
+    @property
+    def weight_bytes(self) -> int:
+        """Weight bytes for the whole replica (all TP ranks together)."""
+        return self._weight_bytes
+
+    def step_time_model(self) -> LinearStepTimeModel:
+        if self.spec.step_time is None:
+            raise ValueError(
+                f"profile {self.name!r} has no fitted step-time coefficients yet "
+                "(fit them with twin.engine_profiles.fit.fit_step_time)"
+            )
+        return LinearStepTimeModel.from_coefficients(self.spec.step_time)
+
+    def __repr__(self) -> str:
+        return f"EngineProfile({self.name!r}, tp={self.tp}, weights={self.weight_dtype}, kv={self.kv_dtype})"
