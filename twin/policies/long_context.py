@@ -53,6 +53,8 @@ class LongContextPoolRouter(BaseRouter):
             if self.params.spill_short_to_long_pool and not eligible_replicas(request, allowed):
                 allowed, note = replicas, "short request spilled to long-context pool"
         d = self.inner.route(request, allowed, now_s)
+        if d.replica_id is None and not eligible_replicas(request, replicas):
+            return d
         return RoutingDecision(d.replica_id, f"{d.reason} [{note}]", d.scores)
 
     def on_routed(self, request: RequestFacts, replica_id: str, now_s: float) -> None:
