@@ -1,0 +1,406 @@
+"""A vLLM-V1 replica scheduler as a pure state machine (no SimPy, no clock).
+
+``Engine.schedule()`` forms one step exactly as ``Scheduler.schedule()`` does (semantics §2):
+
+* Phase A: running requests in admission order share one token budget; a request whose allocation
+  fails preempts the *last* running request (FCFS) or the lowest-priority one, by recompute, until it
+  fits or preempts itself; any preemption skips Phase B for the step.
+* Phase B: waiting requests in FCFS (or priority) order; prefix-cache lookup; admission stops at the
+  first request that does not fit (head-of-line), never preempts; ``max_num_seqs`` caps running.
+* Chunked prefill on: a request takes whatever budget remains; off: a waiting request is admitted only
+  if its whole remaining sequence fits the remaining budget. ``long_prefill_token_threshold`` caps a
+  chunk unless the system holds a single request.
+
+``Engine.complete()`` applies one step's outputs at its end time; ``max_decode_run()`` and
+``complete_decode_run()`` let the caller advance many identical decode steps in one event.
+
+Simplifications (also in docs/engine.md): synchronous scheduling — a request that arrives while a step
+runs is eligible for the next step (vLLM's GPU async scheduling makes it the step after); no speculative
+decoding, LoRA, encoder cache or KV connectors; stop strings are modelled as the drawn output length.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass
+
+from twin.engine_profiles.step import StepShape, prefill_attention_work
+from twin.models.kv import BlockPool
+from twin.models.request import EngineRequest, Status
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Scheduler and cache limits actually in force on one replica (vLLM's names)."""
+
+    num_gpu_blocks: int
+    block_size: int = 16
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 1024
+    max_model_len: int = 32768
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    long_prefill_token_threshold: int = 0
+    long_prefill_token_threshold_adaptive: bool = False
+    policy: str = "fcfs"  # or "priority"
+    scheduler_reserve_full_isl: bool = True
+    watermark: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("fcfs", "priority"):
+            raise ValueError(f"policy must be 'fcfs' or 'priority', not {self.policy!r}")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError("with chunked prefill off, max_num_batched_tokens must be >= max_model_len (as vLLM requires)")
+
+
+class Step:
+    """One scheduled step: who computes how many tokens, and the shape the step-time model reads."""
+
+    __slots__ = ("reqs", "ns", "shape", "ctx_requests", "ctx_tokens", "gen_requests", "gen_tokens",
+                 "preempted", "admitted", "uniform_decode", "kv_usage")
+
+    def __init__(self) -> None:
+        self.reqs: list[EngineRequest] = []
+        self.ns: list[int] = []
+        self.preempted: list[EngineRequest] = []
+        self.admitted: list[EngineRequest] = []
+
+
+class _Waiting:
+    """FCFS deque (preempted requests go back to the front) or a priority heap."""
+
+    __slots__ = ("fcfs", "dq", "heap", "count", "_n")
+
+    def __init__(self, fcfs: bool) -> None:
+        self.fcfs = fcfs
+        self.dq: deque[EngineRequest] = deque()
+        self.heap: list[tuple[int, float, int, EngineRequest]] = []
+        self.count = 0
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def push(self, r: EngineRequest, *, front: bool = False) -> None:
+        self._n += 1
+        if self.fcfs:
+            (self.dq.appendleft if front else self.dq.append)(r)
+        else:
+            self.count += 1
+            heapq.heappush(self.heap, (r.priority, r.arrival_s, self.count, r))
+
+    def peek(self) -> EngineRequest:
+        return self.dq[0] if self.fcfs else self.heap[0][3]
+
+    def pop(self) -> EngineRequest:
+        self._n -= 1
+        return self.dq.popleft() if self.fcfs else heapq.heappop(self.heap)[3]
+
+    def remove(self, r: EngineRequest) -> bool:
+        if self.fcfs:
+            try:
+                self.dq.remove(r)
+            except ValueError:
+                return False
+        else:
+            idx = next((i for i, e in enumerate(self.heap) if e[3] is r), None)
+            if idx is None:
+                return False
+            self.heap.pop(idx)
+            heapq.heapify(self.heap)
+        self._n -= 1
+        return True
+
+    def items(self) -> list[EngineRequest]:
+        return list(self.dq) if self.fcfs else [e[3] for e in sorted(self.heap)]
+
+
+class Engine:
+    """vLLM V1 scheduling + KV cache for one replica. Times are passed in; the engine has no clock."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.cfg = config
+        self.kv = BlockPool(num_blocks=config.num_gpu_blocks, block_size=config.block_size,
+                            enable_prefix_caching=config.enable_prefix_caching, max_model_len=config.max_model_len)
+        self.running: list[EngineRequest] = []
+        self.waiting = _Waiting(config.policy == "fcfs")
+        self.watermark_blocks = int(config.watermark * self.kv.num_usable)
+        # Counters, named as vLLM exports them (without the ``vllm:`` prefix).
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+        self.num_preemptions = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.num_steps = 0
+        # Inter-token gaps: (value_s, weight) pairs, one weight per token the value applies to.
+        self.itl_values: list[float] = []
+        self.itl_weights: list[int] = []
+
+    # ---- arrivals and cancellation -------------------------------------------------------------
+    def add(self, r: EngineRequest) -> None:
+        if r.prompt_tokens >= self.cfg.max_model_len:
+            raise ValueError(f"prompt of {r.prompt_tokens} tokens does not fit max_model_len {self.cfg.max_model_len}")
+        r.status = Status.WAITING
+        self.waiting.push(r)
+
+    def abort(self, r: EngineRequest, now_s: float, reason: str = "abort") -> bool:
+        """Cancel a waiting or running request; frees its KV at once. False if already gone."""
+        if r.status == Status.FINISHED:
+            return False
+        if r in self.running:
+            self.running.remove(r)
+        elif not self.waiting.remove(r):
+            return False
+        self.kv.release(r)
+        self._finish(r, now_s, reason)
+        return True
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running) or len(self.waiting) > 0
+
+    # ---- one scheduling step -------------------------------------------------------------------
+    def schedule(self, now_s: float) -> Step | None:
+        cfg, kv = self.cfg, self.kv
+        budget = cfg.max_num_batched_tokens
+        n_total = len(self.running) + len(self.waiting)
+        t_long = cfg.long_prefill_token_threshold if n_total > 1 else 0
+        if cfg.long_prefill_token_threshold_adaptive and n_total > 1:
+            t_long = max(t_long, cfg.max_num_batched_tokens // n_total)
+        step = Step()
+        reqs, ns = step.reqs, step.ns
+        running = self.running
+        mml = cfg.max_model_len
+        preempted_any = False
+        fcfs = cfg.policy == "fcfs"
+
+        # Phase A: running requests in admission order.
+        i = 0
+        while i < len(running) and budget > 0:
+            r = running[i]
+            n = r.seq.num_tokens - r.num_computed
+            if t_long > 0 and n > t_long:
+                n = t_long
+            if n > budget:
+                n = budget
+            cap = mml - r.num_computed - 1
+            if n > cap:
+                n = cap
+            if n <= 0:
+                i += 1
+                continue
+            self_preempted = False
+            while not kv.allocate(r, n):
+                if fcfs:
+                    victim = running.pop()
+                else:
+                    victim = max(running, key=lambda q: (q.priority, q.arrival_s))
+                    vi = running.index(victim)
+                    del running[vi]
+                    if vi < i:
+                        i -= 1
+                    if victim in reqs:  # already scheduled this step: give its tokens back
+                        j = reqs.index(victim)
+                        budget += ns[j]
+                        del reqs[j], ns[j]
+                self._preempt(victim, step)
+                preempted_any = True
+                if victim is r:
+                    self_preempted = True
+                    break
+            if self_preempted:
+                if fcfs:
+                    break
+                continue  # running[i] is now the next request
+            reqs.append(r)
+            ns.append(n)
+            r.num_computed += n
+            budget -= n
+            i += 1
+
+        # Phase B: admission, skipped in a step that preempted.
+        if not preempted_any:
+            waiting = self.waiting
+            while budget > 0 and len(waiting) > 0 and len(running) < cfg.max_num_seqs:
+                r = waiting.peek()
+                hits = kv.find_hit(r) if r.num_computed == 0 else []
+                h = len(hits) * cfg.block_size
+                n = r.seq.num_tokens - h
+                if t_long > 0 and n > t_long:
+                    n = t_long
+                if not cfg.enable_chunked_prefill and n > budget:
+                    break
+                if n > budget:
+                    n = budget
+                wm = self.watermark_blocks if running else 0
+                if not kv.admit(r, n, hits, full_isl=cfg.scheduler_reserve_full_isl, watermark_blocks=wm):
+                    break
+                waiting.pop()
+                running.append(r)
+                r.status = Status.RUNNING
+                if r.num_preemptions == 0 and cfg.enable_prefix_caching:
+                    self.prefix_cache_queries += r.seq.num_tokens
+                    self.prefix_cache_hits += h
+                if r.first_scheduled_s is None:
+                    r.first_scheduled_s = now_s
+                    r.num_cached_tokens = h
+                r.num_computed = h + n
+                reqs.append(r)
+                ns.append(n)
+                step.admitted.append(r)
+                budget -= n
+
+        if not reqs:
+            return None
+        self._shape(step)
+        step.uniform_decode = (
+            not step.admitted and not step.preempted and len(reqs) == len(running)
+            and step.shape.prefill_requests == 0
+        )
+        step.kv_usage = kv.usage()
+        return step
+
+    def _shape(self, step: Step) -> None:
+        d_req = d_ctx = p_req = p_tok = p_pairs = 0
+        ctx_r = ctx_t = gen_r = gen_t = 0
+        for r, n in zip(step.reqs, step.ns):
+            before = r.num_computed - n
+            if n == 1 and r.num_computed == r.seq.num_tokens and r.num_output > 0:
+                d_req += 1
+                d_ctx += r.num_computed
+            else:
+                p_req += 1
+                p_tok += n
+                p_pairs += prefill_attention_work(before, n)
+            # vLLM's iteration log: a request with output is "gen", whatever the step computes for it.
+            if r.num_output > 0:
+                gen_r += 1
+                gen_t += n
+            else:
+                ctx_r += 1
+                ctx_t += n
+        step.shape = StepShape(decode_requests=d_req, decode_context_tokens=d_ctx, prefill_requests=p_req,
+                               prefill_tokens=p_tok, prefill_attention_pairs=p_pairs)
+        step.ctx_requests, step.ctx_tokens, step.gen_requests, step.gen_tokens = ctx_r, ctx_t, gen_r, gen_t
+
+    def _preempt(self, victim: EngineRequest, step: Step) -> None:
+        self.kv.release(victim)
+        victim.num_computed = 0
+        victim.status = Status.PREEMPTED
+        victim.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.push(victim, front=True)
+        step.preempted.append(victim)
+
+    # ---- step outputs --------------------------------------------------------------------------
+    def complete(self, step: Step, end_s: float) -> list[EngineRequest]:
+        """Apply one step's outputs at ``end_s``; returns the requests that finished."""
+        self.num_steps += 1
+        finished: list[EngineRequest] = []
+        mml = self.cfg.max_model_len
+        for r in step.reqs:
+            if r.status != Status.RUNNING or r.num_computed < r.seq.num_tokens:
+                continue  # a non-final prefill chunk: its sampled token is discarded
+            self._emit(r, 1, end_s, end_s)
+            if r.token_times is not None:
+                r.token_times.append(end_s)
+            if r.num_output >= r.target_output_tokens or r.seq.num_tokens >= mml:
+                finished.append(r)
+        if finished:
+            self._retire(finished, end_s)
+        return finished
+
+    def _emit(self, r: EngineRequest, m: int, first_s: float, last_s: float) -> None:
+        """Record ``m`` new tokens of ``r``: the first at ``first_s``, the last at ``last_s``."""
+        if r.num_output == 0:
+            r.first_token_s = first_s
+            self.prompt_tokens += r.prompt_tokens
+        else:
+            self.itl_values.append(first_s - r.last_token_s)  # type: ignore[operator]
+            self.itl_weights.append(1)
+        r.seq.append_output(m)
+        r.num_output += m
+        self.generation_tokens += m
+        r.last_token_s = last_s
+        if r.on_tokens is not None:
+            r.on_tokens(r, m, last_s)
+
+    def _retire(self, finished: list[EngineRequest], end_s: float) -> None:
+        done = set(map(id, finished))
+        self.running = [r for r in self.running if id(r) not in done]
+        for r in finished:
+            self.kv.release(r)
+            reason = "stop" if r.num_output >= r.target_output_tokens and r.target_output_tokens < r.max_tokens else "length"
+            self._finish(r, end_s, reason)
+
+    def _finish(self, r: EngineRequest, end_s: float, reason: str) -> None:
+        r.status = Status.FINISHED
+        r.finish_s = end_s
+        r.finished_reason = reason
+        if r.on_finished is not None:
+            r.on_finished(r)
+
+    # ---- many identical decode steps in one event ----------------------------------------------
+    def max_decode_run(self, step: Step, limit: int) -> int:
+        """How many decode steps, starting with ``step``, are guaranteed identical in composition.
+
+        Valid only when ``step.uniform_decode``: every running request decodes one token, nothing was
+        admitted or preempted. The run ends at the first step in which a request finishes (that step
+        included) or before the first step whose block allocation would not fit.
+        """
+        mml = self.cfg.max_model_len
+        k = limit
+        for r in self.running:
+            rem = r.remaining_steps(mml)
+            if rem < k:
+                k = rem
+        if k <= 1:
+            return 1
+        bs = self.kv.block_size
+        free = self.kv.num_free
+        cs = [r.num_computed for r in self.running]  # after step 1's scheduling
+
+        def new_blocks(m: int) -> int:  # blocks steps 2..m allocate
+            return sum((c + m - 2) // bs - (c - 1) // bs for c in cs)
+
+        if new_blocks(k) <= free:
+            return k
+        lo, hi = 1, k  # new_blocks(lo) <= free < new_blocks(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if new_blocks(mid) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def complete_decode_run(self, step: Step, m: int, ends_s: list[float]) -> list[EngineRequest]:
+        """Apply ``m`` decode steps (the first is ``step``) ending at ``ends_s[0..m-1]``."""
+        if m == 1:
+            return self.complete(step, ends_s[0])
+        self.num_steps += m
+        kv = self.kv
+        mml = self.cfg.max_model_len
+        first_s, last_s = ends_s[0], ends_s[m - 1]
+        finished: list[EngineRequest] = []
+        for r in self.running:
+            r.seq.append_output(m - 1)  # tokens sampled in steps 1..m-1, computed in steps 2..m
+            r.num_output += m - 1
+            ok = kv.allocate(r, m - 1)
+            assert ok, "max_decode_run guaranteed the blocks"
+            r.num_computed += m - 1
+            r.seq.append_output(-(m - 1))  # _emit appends them again with timing
+            r.num_output -= m - 1
+            self._emit(r, m, first_s, last_s)
+            if r.token_times is not None:
+                r.token_times.extend(ends_s[:m])
+            if r.num_output >= r.target_output_tokens or r.seq.num_tokens >= mml:
+                finished.append(r)
+        n = len(self.running)
+        for j in range(1, m):
+            self.itl_values.append(ends_s[j] - ends_s[j - 1])
+            self.itl_weights.append(n)
+        if finished:
+            self._retire(finished, last_s)
+        return finished

@@ -1,0 +1,193 @@
+"""Paged KV blocks with prefix caching, following vLLM V1's BlockPool (semantics §3).
+
+- A real block count: block 0 is the permanent null block, so ``num_gpu_blocks - 1`` are usable.
+- Free queue = every block with ref_cnt 0, cached ones included (they are eviction candidates). Popped
+  from the head on allocation; a popped block that carries a hash is evicted from the hash map then
+  (lazy eviction, the only eviction point).
+- Freed blocks are released tail-first; a block that reaches ref_cnt 0 goes to the *tail* if it carries a
+  hash (LRU by release time) and to the *head* if not (reused first).
+- Only full blocks are hashed, when the step that computes them is scheduled. Duplicate hashes (two
+  requests computing the same block at once) keep both copies; lookups return the earliest.
+- Prefix hits are capped at ``num_tokens - 1`` tokens (one token must be recomputed for logits).
+
+Hot-path code: plain lists and an OrderedDict, no per-block objects.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from twin.models.request import EngineRequest
+
+
+class BlockPool:
+    __slots__ = (
+        "num_blocks", "block_size", "caching", "ref", "bhash", "free", "cached", "dups",
+        "max_model_len",
+    )
+
+    def __init__(self, *, num_blocks: int, block_size: int, enable_prefix_caching: bool, max_model_len: int) -> None:
+        if num_blocks < 2:
+            raise ValueError("num_gpu_blocks must be at least 2 (block 0 is the null block)")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.caching = enable_prefix_caching
+        self.max_model_len = max_model_len
+        self.ref = [0] * num_blocks
+        self.bhash: list[int | None] = [None] * num_blocks
+        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_blocks))
+        self.cached: dict[int, int] = {}  # hash -> earliest block holding it
+        self.dups: dict[int, list[int]] = {}  # hash -> later duplicate blocks
+
+    # ---- gauges -------------------------------------------------------------------------------
+    @property
+    def num_usable(self) -> int:
+        return self.num_blocks - 1
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free)
+
+    def usage(self) -> float:
+        """``vllm:kv_cache_usage_perc``: blocks referenced by live requests (cached-free ones excluded)."""
+        return 1.0 - len(self.free) / (self.num_blocks - 1)
+
+    # ---- lookup -------------------------------------------------------------------------------
+    def find_hit(self, req: EngineRequest) -> list[int]:
+        """Longest cached prefix of ``req`` as block ids (``find_longest_cache_hit``)."""
+        if not self.caching:
+            return []
+        max_blocks = (req.seq.num_tokens - 1) // self.block_size
+        if max_blocks <= 0:
+            return []
+        hashes = req.seq.block_hashes(max_blocks)
+        cached = self.cached
+        hits: list[int] = []
+        for i in range(max_blocks):
+            b = cached.get(hashes[i])
+            if b is None:
+                break
+            hits.append(b)
+        return hits
+
+    # ---- allocation ---------------------------------------------------------------------------
+    def _pop_free(self, n: int, out: list[int]) -> None:
+        free, bhash, cached, ref = self.free, self.bhash, self.cached, self.ref
+        for _ in range(n):
+            b, _ = free.popitem(last=False)
+            h = bhash[b]
+            if h is not None:  # evict
+                self._uncache(b, h)
+            ref[b] = 1
+            out.append(b)
+
+    def _uncache(self, b: int, h: int) -> None:
+        self.bhash[b] = None
+        if self.cached.get(h) == b:
+            extra = self.dups.get(h)
+            if extra:
+                self.cached[h] = extra.pop(0)
+                if not extra:
+                    del self.dups[h]
+            else:
+                del self.cached[h]
+        else:
+            extra = self.dups.get(h)
+            if extra and b in extra:
+                extra.remove(b)
+                if not extra:
+                    del self.dups[h]
+
+    def admit(self, req: EngineRequest, n: int, hits: list[int], *, full_isl: bool, watermark_blocks: int) -> bool:
+        """Admission of a waiting request with ``len(hits)`` hit blocks and a first chunk of ``n``.
+
+        The full-sequence check (``scheduler_reserve_full_isl``) is a check, not a reservation.
+        """
+        bs = self.block_size
+        ref = self.ref
+        nh = len(hits)
+        evictable = 0
+        for b in hits:
+            if ref[b] == 0:
+                evictable += 1
+        free = len(self.free)
+        if full_isl:
+            whole = min(req.seq.num_tokens, self.max_model_len)
+            if -(-whole // bs) - nh + evictable + watermark_blocks > free:
+                return False
+        h_tokens = nh * bs
+        new = -(-min(h_tokens + n, self.max_model_len) // bs) - nh
+        if new + evictable + watermark_blocks > free:
+            return False
+        blocks = req.blocks
+        freeq = self.free
+        for b in hits:
+            if ref[b] == 0:
+                del freeq[b]
+            ref[b] += 1
+            blocks.append(b)
+        req.num_cached_blocks = nh
+        if new > 0:
+            self._pop_free(new, blocks)
+        self._cache(req, h_tokens + n)
+        return True
+
+    def allocate(self, req: EngineRequest, n: int) -> bool:
+        """``allocate_slots`` for a running request scheduling ``n`` more tokens."""
+        bs = self.block_size
+        need = -(-min(req.num_computed + n, self.max_model_len) // bs)
+        new = need - len(req.blocks)
+        if new > 0:
+            if new > len(self.free):
+                return False
+            self._pop_free(new, req.blocks)
+        self._cache(req, req.num_computed + n)
+        return True
+
+    def blocks_needed(self, req: EngineRequest, n: int) -> int:
+        need = -(-min(req.num_computed + n, self.max_model_len) // self.block_size)
+        return max(need - len(req.blocks), 0)
+
+    def _cache(self, req: EngineRequest, computed_after: int) -> None:
+        """Register every full block the scheduled tokens complete (``cache_blocks``)."""
+        if not self.caching:
+            return
+        full = min(computed_after, req.seq.num_tokens) // self.block_size
+        start = req.num_cached_blocks
+        if full <= start:
+            return
+        hashes = req.seq.block_hashes(full)
+        blocks, bhash, cached = req.blocks, self.bhash, self.cached
+        for i in range(start, full):
+            b = blocks[i]
+            h = hashes[i]
+            bhash[b] = h
+            if h in cached:
+                self.dups.setdefault(h, []).append(b)
+            else:
+                cached[h] = b
+        req.num_cached_blocks = full
+
+    def release(self, req: EngineRequest) -> None:
+        """Free a finished or preempted request's blocks, tail first."""
+        ref, bhash, free = self.ref, self.bhash, self.free
+        for b in reversed(req.blocks):
+            r = ref[b] - 1
+            ref[b] = r
+            if r == 0:
+                free[b] = None
+                if bhash[b] is None:
+                    free.move_to_end(b, last=False)
+        req.blocks = []
+        req.num_cached_blocks = 0
+
+    def check_invariants(self) -> None:
+        """For tests: ref counts, free queue and hash map agree; nothing leaks."""
+        for b in range(1, self.num_blocks):
+            assert self.ref[b] >= 0, f"negative ref on block {b}"
+            assert (self.ref[b] == 0) == (b in self.free), f"block {b}: ref {self.ref[b]} vs free queue"
+        for h, b in self.cached.items():
+            assert self.bhash[b] == h
+        assert 0 not in self.free

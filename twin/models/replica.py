@@ -1,0 +1,175 @@
+"""A replica as a SimPy component: one process that runs engine steps back to back.
+
+One SimPy event per engine step at most; while the batch cannot change (no arrival, no completion, no
+block shortfall) many decode steps run as one event, and an arrival or cancellation that lands inside
+such a run cuts it at the end of the step in flight (as a real engine would see it). Token times and
+inter-token gaps are derived from step ends, never from per-token events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import simpy
+
+from twin.engine_profiles.step import StepTimeModel
+from twin.models.engine import Engine, Step
+from twin.models.recorder import Recorder
+from twin.models.request import EngineRequest, Status
+
+
+class Replica:
+    def __init__(
+        self,
+        env: simpy.Environment,
+        *,
+        scope: str,
+        engine: Engine,
+        step_model: StepTimeModel,
+        recorder: Recorder,
+        max_decode_run_steps: int = 512,
+        on_finished: Callable[[EngineRequest], None] | None = None,
+    ) -> None:
+        self.env = env
+        self.scope = scope
+        self.engine = engine
+        self.step_model = step_model
+        self.overhead_s = float(getattr(step_model, "overhead_s", 0.0))
+        self.rec = recorder
+        self.max_run = max(1, max_decode_run_steps)
+        self.on_finished = on_finished
+        self.speed_factor = 1.0  # step times are multiplied by this (1.0 healthy; 2.0 = half speed)
+        self.healthy = True
+        self._wake: simpy.Event = env.event()
+        self._busy = False
+        self._pending_aborts: list[tuple[EngineRequest, str]] = []
+        self._step_index = 0
+        self.process: simpy.Process | None = None
+
+    def start(self) -> None:
+        if self.process is not None:
+            raise RuntimeError(f"{self.scope} started twice")
+        self.process = self.env.process(self._run())
+
+    # ---- inputs --------------------------------------------------------------------------------
+    def submit(self, req: EngineRequest) -> None:
+        self.engine.add(req)
+        self.rec.event(self.env.now, "request.queued", self.scope, req.request_id, float(req.prompt_tokens))
+        self._levels()
+        self._poke()
+
+    def cancel(self, req: EngineRequest, reason: str = "cancelled") -> None:
+        """Abort at the next step boundary (vLLM processes aborts between steps)."""
+        if req.status == Status.FINISHED:
+            return
+        self._pending_aborts.append((req, reason))
+        self._poke()
+
+    def _poke(self) -> None:
+        if not self._wake.triggered:
+            self._wake.succeed()
+
+    # ---- the engine loop -----------------------------------------------------------------------
+    def _run(self):
+        env, eng = self.env, self.engine
+        while True:
+            self._apply_aborts()
+            if not eng.has_work:
+                self._wake = env.event()
+                yield self._wake
+                continue
+            step = eng.schedule(env.now)
+            if step is None:
+                raise RuntimeError(f"{self.scope}: work is queued but nothing can be scheduled "
+                                   f"(KV pool too small for the head request?)")
+            self._note_schedule(step)
+            if step.uniform_decode and self.max_run > 1:
+                k = eng.max_decode_run(step, self.max_run)
+            else:
+                k = 1
+            if k == 1:
+                yield from self._one_step(step)
+            else:
+                yield from self._decode_run(step, k)
+
+    def _one_step(self, step: Step):
+        t0 = self.env.now
+        d = self.step_model.step_time_s(step.shape) * self.speed_factor
+        yield self.env.timeout(d)
+        self._log_iteration(step, t0, d)
+        finished = self.engine.complete(step, self.env.now)
+        self._note_complete(step, finished)
+
+    def _decode_run(self, step: Step, k: int):
+        env = self.env
+        t0 = env.now
+        sh = step.shape
+        durs = self.step_model.decode_run_s(sh.decode_requests, sh.decode_context_tokens, k) * self.speed_factor
+        ends = t0 + np.cumsum(durs)
+        self._wake = env.event()
+        yield env.timeout(float(ends[-1] - t0)) | self._wake
+        m = k
+        if env.now < ends[-1]:  # cut by an arrival or abort: finish the step in flight
+            j = int(np.searchsorted(ends, env.now, side="right"))
+            m = min(j + 1, k)
+            if ends[m - 1] > env.now:
+                yield env.timeout(float(ends[m - 1] - env.now))
+        ends_l = ends[:m].tolist()
+        if self.rec.record_iterations:
+            starts = [t0, *ends_l[:-1]]
+            for i in range(m):
+                self._log_iteration(step, starts[i], float(durs[i]))
+        else:
+            self._step_index += m
+        finished = self.engine.complete_decode_run(step, m, ends_l)
+        self._note_complete(step, finished)
+
+    # ---- bookkeeping ---------------------------------------------------------------------------
+    def _apply_aborts(self) -> None:
+        if not self._pending_aborts:
+            return
+        now = self.env.now
+        for req, reason in self._pending_aborts:
+            if self.engine.abort(req, now, "abort"):
+                self.rec.event(now, "request.cancelled", self.scope, req.request_id, float(req.num_output), reason)
+                if self.on_finished is not None:
+                    self.on_finished(req)
+        self._pending_aborts.clear()
+        self._levels()
+
+    def _note_schedule(self, step: Step) -> None:
+        now = self.env.now
+        rec = self.rec
+        for r in step.preempted:
+            rec.event(now, "request.preempted", self.scope, r.request_id, float(r.num_output))
+        for r in step.admitted:
+            if r.num_preemptions == 0:
+                rec.event(now, "request.scheduled", self.scope, r.request_id, float(r.num_cached_tokens or 0))
+
+    def _note_complete(self, step: Step, finished: list[EngineRequest]) -> None:
+        now = self.env.now
+        rec = self.rec
+        if step.shape.prefill_requests:
+            for r in step.reqs:
+                if r.num_output == 1 and r.first_token_s == now:
+                    rec.event(now, "request.first_token", self.scope, r.request_id)
+        for r in finished:
+            rec.event(now, "request.finished", self.scope, r.request_id, float(r.num_output), r.finished_reason)
+            if self.on_finished is not None:
+                self.on_finished(r)
+        self._levels()
+
+    def _levels(self) -> None:
+        now, rec, eng, s = self.env.now, self.rec, self.engine, self.scope
+        rec.level(now, s, "running", float(len(eng.running)))
+        rec.level(now, s, "waiting", float(len(eng.waiting)))
+        rec.level(now, s, "kv_usage", eng.kv.usage())
+
+    def _log_iteration(self, step: Step, t0: float, d: float) -> None:
+        if self.rec.record_iterations:
+            self.rec.iteration(self.scope, step=self._step_index, t_start_s=t0, ctx_requests=step.ctx_requests,
+                               ctx_tokens=step.ctx_tokens, gen_requests=step.gen_requests,
+                               gen_tokens=step.gen_tokens, elapsed_ms=(d - self.overhead_s) * 1000.0,
+                               kv_usage_pct=step.kv_usage * 100.0)
+        self._step_index += 1

@@ -1,0 +1,78 @@
+"""The per-request state a replica engine carries (mirrors ``vllm/v1/request.py``)."""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+from twin.models.tokens import TokenSeq
+
+
+class Status(IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED = 3
+
+
+class EngineRequest:
+    """One request inside one replica.
+
+    ``target_output_tokens`` is where the model would emit EOS (the workload draws it); ``max_tokens``
+    caps it (``ignore_eos`` runs set both equal). ``num_computed`` advances optimistically at scheduling
+    time, as in vLLM.
+    """
+
+    __slots__ = (
+        "request_id", "arrival_s", "seq", "prompt_tokens", "max_tokens", "target_output_tokens",
+        "priority", "num_computed", "num_output", "blocks", "num_cached_blocks", "status",
+        "num_preemptions", "num_cached_tokens", "first_scheduled_s", "first_token_s", "last_token_s",
+        "finish_s", "finished_reason", "token_times", "on_tokens", "on_finished", "tag",
+    )
+
+    def __init__(
+        self,
+        *,
+        request_id: str,
+        arrival_s: float,
+        seq: TokenSeq,
+        max_tokens: int,
+        target_output_tokens: int | None = None,
+        priority: int = 0,
+        record_token_times: bool = False,
+        tag: object = None,
+    ) -> None:
+        if max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        self.request_id = request_id
+        self.arrival_s = arrival_s
+        self.seq = seq
+        self.prompt_tokens = seq.num_tokens
+        self.max_tokens = max_tokens
+        self.target_output_tokens = max_tokens if target_output_tokens is None else min(target_output_tokens, max_tokens)
+        self.priority = priority
+        self.num_computed = 0
+        self.num_output = 0
+        self.blocks: list[int] = []
+        self.num_cached_blocks = 0
+        self.status = Status.WAITING
+        self.num_preemptions = 0
+        self.num_cached_tokens: int | None = None
+        self.first_scheduled_s: float | None = None
+        self.first_token_s: float | None = None
+        self.last_token_s: float | None = None
+        self.finish_s: float | None = None
+        self.finished_reason: str | None = None
+        self.token_times: list[float] | None = [] if record_token_times else None
+        self.on_tokens = None  # optional callback(req, n_new, t_last_s) for streaming clients
+        self.on_finished = None  # optional callback(req)
+        self.tag = tag
+
+    @property
+    def num_tokens(self) -> int:
+        return self.seq.num_tokens
+
+    def remaining_steps(self, max_model_len: int) -> int:
+        """Decode steps until this request stops (EOS/max_tokens or max_model_len)."""
+        by_output = self.target_output_tokens - self.num_output
+        by_len = max_model_len - self.seq.num_tokens
+        return min(by_output, by_len)

@@ -1,0 +1,201 @@
+"""run_scenario(scenario, seed, replication) -> RunResult: build, wire, start, run, tabulate.
+
+The component tree is built and wired first, then every process starts in one place
+(elaborate-then-run). A run that raises still returns a manifest with the exception.
+"""
+
+from __future__ import annotations
+
+import platform
+import subprocess
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import simpy
+
+from twin import __version__
+from twin.engine_profiles.step import StepTimeModel
+from twin.models.engine import Engine, EngineConfig
+from twin.models.recorder import Recorder
+from twin.models.replica import Replica
+from twin.models.request import EngineRequest
+from twin.models.tokens import TokenSeq
+from twin.models.workload import RequestSpec, synthetic_requests
+from twin.paths import REPO_ROOT
+from twin.results import events_table, iterations_table, levels_table, requests_table, summarize
+from twin.scenario import EngineSettings, ReplicaConfig, Scenario
+
+
+@dataclass
+class RunResult:
+    scenario: Scenario
+    seed: int
+    replication: int
+    tables: dict[str, pa.Table] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+    manifest: dict[str, Any] = field(default_factory=dict)
+    world: Any = field(default=None, repr=False)  # the simulated world, for tests and replay; not serialised
+
+    @property
+    def ok(self) -> bool:
+        return self.manifest.get("exception") is None
+
+
+def build_step_model(rc: ReplicaConfig) -> tuple[StepTimeModel, int]:
+    """The replica's step-time model and its KV block count (given, or derived as vLLM derives it)."""
+    st, eng = rc.step_time, rc.engine
+    if st.kind == "fixed":
+        from twin.engine_profiles.simple import FixedStepTime
+
+        model = FixedStepTime(overhead_s=st.overhead_s, step_s=st.step_s, decode_token_s=st.decode_token_s,
+                              prefill_token_s=st.prefill_token_s, context_token_s=st.context_token_s)
+        assert eng.num_gpu_blocks is not None  # enforced by the schema
+        return model, eng.num_gpu_blocks
+    from twin.engine_profiles import derive_num_gpu_blocks, load_profile
+
+    profile = load_profile(st.profile)
+    blocks = eng.num_gpu_blocks
+    if blocks is None:
+        blocks = derive_num_gpu_blocks(profile, block_size=eng.block_size,
+                                       gpu_memory_utilization=eng.gpu_memory_utilization,
+                                       max_num_batched_tokens=eng.max_num_batched_tokens)
+    return profile.step_time_model(), int(blocks)
+
+
+def engine_config(es: EngineSettings, num_gpu_blocks: int) -> EngineConfig:
+    return EngineConfig(
+        num_gpu_blocks=num_gpu_blocks, block_size=es.block_size, max_num_batched_tokens=es.max_num_batched_tokens,
+        max_num_seqs=es.max_num_seqs, max_model_len=es.max_model_len, enable_chunked_prefill=es.enable_chunked_prefill,
+        enable_prefix_caching=es.enable_prefix_caching, long_prefill_token_threshold=es.long_prefill_token_threshold,
+        long_prefill_token_threshold_adaptive=es.long_prefill_token_threshold_adaptive, policy=es.policy,
+        scheduler_reserve_full_isl=es.scheduler_reserve_full_isl, watermark=es.watermark)
+
+
+class SingleReplicaRun:
+    """The single-replica world: a request source feeding one replica."""
+
+    def __init__(self, scenario: Scenario, *, seed: int, replication: int, specs: list[RequestSpec] | None = None,
+                 step_model: StepTimeModel | None = None) -> None:
+        sc = scenario
+        self.env = simpy.Environment()
+        self.rec = Recorder(levels_interval_s=sc.output.levels_interval_s,
+                            record_iterations=sc.output.record_iterations)
+        model, blocks = build_step_model(sc.replica)
+        if step_model is not None:
+            model = step_model
+        self.cfg = engine_config(sc.replica.engine, blocks)
+        self.engine = Engine(self.cfg)
+        self.replica = Replica(self.env, scope="replica", engine=self.engine, step_model=model, recorder=self.rec,
+                               max_decode_run_steps=sc.replica.max_decode_run_steps, on_finished=self._finished)
+        self.specs = specs if specs is not None else synthetic_requests(sc.workload, seed=seed, replication=replication)
+        self.record_token_times = sc.output.record_token_times
+        self.token_times: dict[str, list[float]] = {}
+        self.outstanding = 0
+        self.all_done = self.env.event()
+
+    def start(self) -> None:
+        self.replica.start()
+        self.env.process(self._source())
+
+    def _source(self):
+        env, cfg = self.env, self.cfg
+        self.outstanding = len(self.specs)
+        for spec in self.specs:
+            if spec.arrival_s > env.now:
+                yield env.timeout(spec.arrival_s - env.now)
+            self.rec.event(env.now, "request.arrived", "client", spec.request_id, float(spec.prompt_tokens))
+            if spec.prompt_tokens >= cfg.max_model_len:
+                self.rec.event(env.now, "request.rejected", "replica", spec.request_id, 0.0, "prompt_too_long")
+                self._done_one()
+                continue
+            req = EngineRequest(
+                request_id=spec.request_id, arrival_s=env.now,
+                seq=TokenSeq(spec.pieces, block_size=cfg.block_size, output_segment=spec.output_segment),
+                max_tokens=spec.max_tokens, target_output_tokens=spec.output_tokens,
+                record_token_times=self.record_token_times)
+            self.replica.submit(req)
+        if not self.specs:
+            self.all_done.succeed()
+
+    def _finished(self, req: EngineRequest) -> None:
+        if req.token_times is not None:
+            self.token_times[req.request_id] = req.token_times
+        self._done_one()
+
+    def _done_one(self) -> None:
+        self.outstanding -= 1
+        if self.outstanding == 0 and not self.all_done.triggered:
+            self.all_done.succeed()
+
+    def run(self, horizon_s: float | None) -> None:
+        self.start()
+        if horizon_s is None:
+            self.env.run(until=self.all_done)
+        else:
+            self.env.run(until=simpy.AnyOf(self.env, [self.all_done, self.env.timeout(horizon_s)]))
+
+    def counters(self) -> dict[str, int]:
+        e = self.engine
+        return {"prefix_cache_queries": e.prefix_cache_queries, "prefix_cache_hits": e.prefix_cache_hits,
+                "num_preemptions": e.num_preemptions, "prompt_tokens": e.prompt_tokens,
+                "generation_tokens": e.generation_tokens, "num_steps": e.num_steps,
+                "num_gpu_blocks": self.cfg.num_gpu_blocks}
+
+
+def git_sha() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def versions() -> dict[str, str]:
+    import numpy
+    import pyarrow
+    import pydantic
+
+    return {"twin": __version__, "python": platform.python_version(), "simpy": simpy.__version__,
+            "numpy": numpy.__version__, "pydantic": pydantic.__version__, "pyarrow": pyarrow.__version__}
+
+
+def make_manifest(scenario: Scenario, *, seed: int, replication: int, wall_s: float, exception: str | None) -> dict:
+    return {"scenario": scenario.name, "seed": seed, "replication": replication,
+            "config": scenario.model_dump(mode="json"), "versions": versions(), "git_sha": git_sha(),
+            "wall_s": wall_s, "exception": exception}
+
+
+def run_scenario(scenario: Scenario, *, seed: int | None = None, replication: int = 0,
+                 specs: list[RequestSpec] | None = None, step_model: StepTimeModel | None = None) -> RunResult:
+    seed = scenario.seed if seed is None else seed
+    result = RunResult(scenario=scenario, seed=seed, replication=replication)
+    t0 = time.perf_counter()
+    try:
+        world = SingleReplicaRun(scenario, seed=seed, replication=replication, specs=specs, step_model=step_model)
+        world.run(scenario.horizon_s)
+        end = world.env.now
+        world.rec.close_levels(end)
+        events = events_table(world.rec)
+        reqs = requests_table(events, world.token_times if scenario.output.record_token_times else None)
+        result.tables = {"events": events, "levels": levels_table(world.rec), "requests": reqs}
+        if scenario.output.record_iterations:
+            result.tables["iterations"] = iterations_table(world.rec)
+        means = world.rec.level_means(end)
+        kv_means = [v for (scope, metric), v in means.items() if metric == "kv_usage"]
+        wall = time.perf_counter() - t0
+        result.summary = summarize(
+            requests=reqs, itl_values=world.engine.itl_values, itl_weights=world.engine.itl_weights,
+            counters=world.counters(), kv_usage_mean=sum(kv_means) / len(kv_means) if kv_means else 0.0,
+            sim_time_s=end, wall_s=wall, slo_ttft_s=scenario.slo.ttft_s, slo_itl_s=scenario.slo.itl_s)
+        result.summary["num_gpu_blocks"] = world.cfg.num_gpu_blocks
+        result.manifest = make_manifest(scenario, seed=seed, replication=replication, wall_s=wall, exception=None)
+        result.world = world
+    except Exception as exc:  # noqa: BLE001 - the manifest records any failure
+        wall = time.perf_counter() - t0
+        result.manifest = make_manifest(scenario, seed=seed, replication=replication, wall_s=wall,
+                                        exception="".join(traceback.format_exception_only(exc)).strip())
+        result.manifest["traceback"] = traceback.format_exc()
+    return result
