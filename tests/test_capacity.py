@@ -178,6 +178,17 @@ def test_profile_by_name_goes_through_engine_profiles(monkeypatch: pytest.Monkey
         compute_capacity(_bare_10m())
 
 
+def test_shipped_70b_profile_agrees_with_the_notes_kv_figure(capsys: pytest.CaptureFixture[str]) -> None:
+    """The real hook: the 70B FP8 TP4 H100 profile's KV per token is the preset's 2·80·8·128·1 bytes."""
+    bare = _bare_10m().model_copy(update={"profile": "llama3-70b-fp8-tp4-h100"})
+    result = compute_capacity(bare)
+    assert result.kv_bytes_per_stream == PRESETS["seed-10m"].kv_bytes_per_token * 1_900
+    assert result.gpus == 4 * result.replicas
+    assert main(["capacity", "--preset", "seed-10m", "--set", "profile=llama3-70b-fp8"]) == 2
+    err = capsys.readouterr().err
+    assert "profile:" in err and "llama3-70b-fp8-tp4-h100" in err and "Traceback" not in err
+
+
 # ------------------------------------------------------------------------------------ validation
 
 

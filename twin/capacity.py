@@ -318,7 +318,10 @@ def load_named_profile(name: str) -> ProfileLike:
         loader = module.load_profile
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"profile {name!r}: twin.engine_profiles.load_profile is not available ({exc})") from exc
-    return loader(name)
+    try:
+        return loader(name)
+    except (KeyError, OSError, ValueError) as exc:  # unknown name, unreadable or invalid profile file
+        raise ValueError(f"profile: {exc}") from exc
 
 
 def apply_profile(inputs: CapacityInputs, profile: ProfileLike) -> CapacityInputs:
