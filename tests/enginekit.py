@@ -1,0 +1,38 @@
+"""Small builders for engine-level tests (not a test module)."""
+
+from __future__ import annotations
+
+from twin.models.engine import Engine, EngineConfig
+from twin.models.request import EngineRequest
+from twin.models.tokens import TokenSeq, pieces_from_ids
+
+
+def make_engine(**kw) -> Engine:
+    base = dict(num_gpu_blocks=1000, block_size=16, max_num_batched_tokens=8192, max_num_seqs=256,
+                max_model_len=32768)
+    base.update(kw)
+    return Engine(EngineConfig(**base))
+
+
+def req(rid: str, ids: list[int] | int, *, out: int = 4, block_size: int = 16, arrival: float = 0.0,
+        priority: int = 0, seg: int | None = None) -> EngineRequest:
+    """A request with explicit token ids, or ``n`` unique tokens when ``ids`` is an int."""
+    if isinstance(ids, int):
+        base = (hash(rid) & 0xFFFFFF) * 100_000
+        ids = list(range(base, base + ids))
+    seq = TokenSeq(pieces_from_ids(ids), block_size=block_size, output_segment=seg if seg is not None else hash(rid))
+    return EngineRequest(request_id=rid, arrival_s=arrival, seq=seq, max_tokens=out, priority=priority)
+
+
+def run_steps(engine: Engine, n: int, t0: float = 0.0, dt: float = 1.0) -> list:
+    """Schedule and complete up to ``n`` steps; returns the steps."""
+    steps = []
+    t = t0
+    for _ in range(n):
+        s = engine.schedule(t)
+        if s is None:
+            break
+        t += dt
+        engine.complete(s, t)
+        steps.append(s)
+    return steps
