@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -203,7 +204,8 @@ def test_inputs_are_strict() -> None:
 
 def test_the_model_imports_nothing_heavy() -> None:
     code = "import sys, twin.capacity; print(sorted({'simpy', 'pandas', 'numpy'} & set(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    repo = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=repo).stdout
     assert out.strip() == "[]"
 
 
