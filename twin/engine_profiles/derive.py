@@ -197,7 +197,13 @@ def main(argv: list[str] | None = None) -> int:
                            num_attention_heads=a.heads, num_kv_heads=a.kv_heads, head_dim=a.head_dim,
                            vocab_size=a.vocab, tie_word_embeddings=a.tied)
     name = a.name or shipped_name(model.name, a.weight_dtype, a.tp)
-    command = " ".join(["python -m twin.engine_profiles.derive", *(argv if argv is not None else sys.argv[1:])])
+    args = list(argv if argv is not None else sys.argv[1:])
+    for flag in ("--out", "--date"):  # where it was written and when are not part of how it was derived
+        if flag in args:
+            i = args.index(flag)
+            del args[i : i + 2]
+    args = [x for x in args if not x.startswith(("--out=", "--date="))]
+    command = " ".join(["python -m twin.engine_profiles.derive", *args])
     if a.model in MODELS and a.name is None:
         command = shipped_command(a.model, a.weight_dtype, a.kv_dtype, a.tp)
     spec = derive_spec(model=model, tp=a.tp, weight_dtype=a.weight_dtype, kv_dtype=a.kv_dtype, name=name,

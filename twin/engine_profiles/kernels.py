@@ -55,6 +55,20 @@ def _bracket(v: float, grid: list[int]) -> tuple[int, int, float]:
     return lo, hi, (v - lo) / (hi - lo)
 
 
+def _nearest_layout(table: dict, heads: int, kv_heads: int, head_dim: int, kv_dtype: str, *, by_kv: bool):
+    """The measured head layout for (heads, kv_heads), or the nearest one and a proportional scale factor
+    (decode attention scales with KV heads read, prefill attention with query heads computed)."""
+    dt = "bfloat16" if kv_dtype == "bf16" else "fp8"
+    key = (heads, kv_heads, head_dim, dt)
+    if key in table:
+        return key, 1.0
+    same = [k for k in table if k[2] == head_dim and k[3] == dt]
+    if not same:
+        raise KeyError(f"no attention timings for head_dim {head_dim}, kv dtype {kv_dtype}")
+    near = min(same, key=lambda k: (abs(np.log(k[0] / heads)) + abs(np.log(k[1] / kv_heads)), k))
+    return near, (kv_heads / near[1]) if by_kv else (heads / near[0])
+
+
 @dataclass
 class KernelTables:
     root: Path
@@ -127,15 +141,16 @@ class KernelTables:
         return max((1 - wn) * lo + wn * hi, 0.0)
 
     def decode_attention_s(self, *, batch: int, kv_len: float, heads: int, kv_heads: int, head_dim: int, kv_dtype: str) -> float:
-        rows = self._gen[(heads, kv_heads, head_dim, "bfloat16" if kv_dtype == "bf16" else "fp8")]
+        key, scale = _nearest_layout(self._gen, heads, kv_heads, head_dim, kv_dtype, by_kv=True)
+        rows = self._gen[key]
         b0, b1, wb = _bracket(batch, sorted(rows))
         lo = _interp(kv_len, *rows[b0])
         hi = _interp(kv_len, *rows[b1])
-        return max((1 - wb) * lo + wb * hi, 0.0)
+        return scale * max((1 - wb) * lo + wb * hi, 0.0)
 
     def prefill_attention_s(self, *, pairs: float, heads: int, kv_heads: int, head_dim: int, kv_dtype: str) -> float:
-        p, lat = self._ctx[(heads, kv_heads, head_dim, "bfloat16" if kv_dtype == "bf16" else "fp8")]
-        return _interp(pairs, p, lat)
+        key, scale = _nearest_layout(self._ctx, heads, kv_heads, head_dim, kv_dtype, by_kv=False)
+        return scale * _interp(pairs, *self._ctx[key])
 
     def all_reduce_s(self, *, elements: int, tp: int, cuda_graph: bool) -> float:
         """bf16 all-reduce of ``elements`` values across ``tp`` GPUs: vLLM custom all-reduce (graph-captured
