@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import sys
+from functools import lru_cache
 from pathlib import Path
 from statistics import median
 
@@ -72,7 +73,8 @@ def memory_assumptions(model: ModelShape, *, tp: int) -> MemoryAssumptions:
     )
 
 
-def fit_overhead_s(tables) -> tuple[float, list[float]]:
+@lru_cache(maxsize=4)
+def fit_overhead_s(tables) -> tuple[float, tuple[float, ...]]:
     """Median gap between measured Qwen3-32B TPOT and the operator model's forward time; and the fit's
     relative residuals per point."""
     points = ck.silicon_qwen3_32b_h100(shared_dir())
@@ -82,7 +84,7 @@ def fit_overhead_s(tables) -> tuple[float, list[float]]:
         modelled.append(ck.steady_state_tpot_s(om.model_s, isl=p.isl, osl=p.osl, concurrency=p.concurrency))
     overhead = max(0.0, median(p.tpot_s - m for p, m in zip(points, modelled, strict=True)))
     rel = [(m + overhead - p.tpot_s) / p.tpot_s for p, m in zip(points, modelled, strict=True)]
-    return overhead, rel
+    return overhead, tuple(rel)
 
 
 def _check(name: str, source: str, quantity: str, measured: float, twin: float, notes: str = "", used=False) -> Check:

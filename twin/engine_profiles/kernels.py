@@ -69,7 +69,7 @@ def _nearest_layout(table: dict, heads: int, kv_heads: int, head_dim: int, kv_dt
     return near, (kv_heads / near[1]) if by_kv else (heads / near[0])
 
 
-@dataclass
+@dataclass(eq=False)  # identity hash: one loaded instance per root (see load_tables)
 class KernelTables:
     root: Path
     _gemm: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
