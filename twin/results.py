@@ -89,7 +89,7 @@ def requests_table(events: pa.Table, token_times: dict[str, list[float]] | None 
         elif kind in TERMINAL_KINDS:
             row["outcome"] = TERMINAL_KINDS[kind]
             row["finish_s"] = t
-            if not math.isnan(v):
+            if v is not None:
                 row["output_tokens"] = int(v)
             row["reason"] = reason
     ordered = list(rows.values())

@@ -17,7 +17,7 @@ class Recorder:
         self.ev_kind: list[str] = []
         self.ev_scope: list[str] = []
         self.ev_request: list[str | None] = []
-        self.ev_value: list[float] = []
+        self.ev_value: list[float | None] = []
         self.ev_reason: list[str | None] = []
         # levels
         self.lv_t: list[float] = []
@@ -34,7 +34,7 @@ class Recorder:
         self.itl_values: list[float] = []
         self.itl_weights: list[int] = []
 
-    def event(self, t_s: float, kind: str, scope: str, request_id: str | None = None, value: float = float("nan"),
+    def event(self, t_s: float, kind: str, scope: str, request_id: str | None = None, value: float | None = None,
               reason: str | None = None) -> None:
         self.ev_t.append(t_s)
         self.ev_kind.append(kind)
