@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -26,6 +27,9 @@ from twin.policies import (
 )
 from twin.policies.prng import SplitMix64, combine_hashes, stable_hash_str
 from twin.policies.routing import LeastOutstandingTokensParams
+
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def rep(replica_id: str, **kw: object) -> ReplicaSnapshot:
@@ -413,7 +417,10 @@ def test_splitmix_is_reproducible_and_in_range() -> None:
 
 
 def test_stable_hash_is_the_same_in_another_process_with_another_hash_seed() -> None:
-    code = "from twin.policies.prng import stable_hash_str, combine_hashes; print(stable_hash_str('s-1'), combine_hashes((1, -2, 3)))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+    code = (
+        "from twin.policies.prng import stable_hash_str, combine_hashes\n"
+        "print(stable_hash_str('s-1'), combine_hashes((1, -2, 3)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONHASHSEED": "12345"}).stdout.split()
     assert out == [str(stable_hash_str("s-1")), str(combine_hashes((1, -2, 3)))]

@@ -159,7 +159,8 @@ class SessionAffinityRouter(BaseRouter):
 
     def _choose(self, request: RequestFacts, candidates: list[ReplicaSnapshot], now_s: float) -> RoutingDecision:
         if request.session_id is None:
-            return RoutingDecision(_least_outstanding(candidates).replica_id, "session_affinity: no session, least tokens")
+            pick = _least_outstanding(candidates)
+            return RoutingDecision(pick.replica_id, "session_affinity: no session, least tokens")
         order = rendezvous_order(stable_hash_str(request.session_id), candidates)
         return RoutingDecision(order[0].replica_id, "session_affinity")
 
