@@ -1,9 +1,11 @@
 """Derive an H100 engine profile from public kernel tables: ``python -m twin.engine_profiles.derive``.
 
 1. Operator-level model (``operator_model``) from the aiconfigurator vLLM 0.19 H100 tables + vidur.
-2. Per-step overhead outside the forward pass: the median of (measured TPOT - modelled forward time) over
-   the vLLM 0.12 Qwen3-32B H100 serving points in aiconfigurator's ``silicon_sample.csv`` (TP 2/4/8), the
-   only modern-vLLM H100 serving measurements of a dense Llama-like model in ``../shared``.
+2. Host time outside the forward pass, ``o + r * requests in the step``: non-negative least squares of
+   (measured TPOT - modelled forward time) over the vLLM 0.12 Qwen3-32B H100 serving points in
+   aiconfigurator's ``silicon_sample.csv`` (TP 2/4/8), the only modern-vLLM H100 serving measurements of a
+   dense Llama-like model in ``../shared``. ``o`` is the profile's ``overhead_s``; ``r`` is folded into the
+   regime coefficients by step 3.
 3. The compact two-regime coefficients, fitted (non-negative, relative least squares) to the operator
    model over a grid of step shapes.
 4. Checks against splitwise-sim iteration times, argonne static batches and the design-note anchor.
@@ -16,14 +18,15 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import sys
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from statistics import median
 
+import numpy as np
 import yaml
 
 from twin.engine_profiles import checks as ck
-from twin.engine_profiles.fit import fit_step_time
+from twin.engine_profiles.fit import fit_step_time, nnls
 from twin.engine_profiles.grid import fit_grid
 from twin.engine_profiles.kernels import KERNEL_SOURCES, load_tables
 from twin.engine_profiles.operator_model import OperatorStepModel
@@ -37,6 +40,7 @@ from twin.engine_profiles.profile import (
     ModelShape,
     Provenance,
 )
+from twin.engine_profiles.step import StepShape, prefill_attention_work
 from twin.engine_profiles.step_time import LinearStepTimeModel
 from twin.paths import shared_dir
 
@@ -73,82 +77,117 @@ def memory_assumptions(model: ModelShape, *, tp: int) -> MemoryAssumptions:
     )
 
 
+@dataclass(frozen=True)
+class HostOverhead:
+    """Time per step outside the forward pass: ``overhead_s + per_request_s * requests in the step``
+    (scheduler, input preparation, sampler, output processing), fitted on measured serving TPOTs."""
+
+    overhead_s: float
+    per_request_s: float
+    rel_errors: tuple[float, ...]  # per silicon point, after the fit
+    tps: tuple[int, ...]
+
+    def step_s(self, shape: StepShape) -> float:
+        return self.overhead_s + self.per_request_s * (shape.decode_requests + shape.prefill_requests)
+
+    def summary(self) -> str:
+        parts = []
+        for tp in sorted(set(self.tps)):
+            r = [abs(e) for e, t in zip(self.rel_errors, self.tps, strict=True) if t == tp]
+            parts.append(f"TP{tp} mean {sum(r) / len(r):.3f} max {max(r):.3f}")
+        return "; ".join(parts)
+
+
 @lru_cache(maxsize=4)
-def fit_overhead_s(tables) -> tuple[float, tuple[float, ...]]:
-    """Median gap between measured Qwen3-32B TPOT and the operator model's forward time; and the fit's
-    relative residuals per point."""
+def fit_host_overhead(tables) -> HostOverhead:
+    """Non-negative relative least squares of (measured TPOT - modelled forward time) = o + r * concurrency over
+    the vLLM 0.12 Qwen3-32B H100 serving points (every step of that closed loop carries ``concurrency``
+    requests)."""
     points = ck.silicon_qwen3_32b_h100(shared_dir())
     modelled = []
     for p in points:
         om = OperatorStepModel(model=QWEN3_32B, tp=p.tp, weight_dtype="bf16", kv_dtype="bf16", tables=tables)
         modelled.append(ck.steady_state_tpot_s(om.model_s, isl=p.isl, osl=p.osl, concurrency=p.concurrency))
-    overhead = max(0.0, median(p.tpot_s - m for p, m in zip(points, modelled, strict=True)))
-    rel = [(m + overhead - p.tpot_s) / p.tpot_s for p, m in zip(points, modelled, strict=True)]
-    return overhead, tuple(rel)
+    y = np.array([p.tpot_s for p in points])
+    a = np.array([[1.0, p.concurrency] for p in points])
+    x = nnls(a / y[:, None], (y - np.array(modelled)) / y)
+    pred = np.array(modelled) + a @ x
+    return HostOverhead(overhead_s=float(x[0]), per_request_s=float(x[1]),
+                        rel_errors=tuple(float(e) for e in (pred - y) / y), tps=tuple(p.tp for p in points))
 
 
-def _check(name: str, source: str, quantity: str, measured: float, twin: float, notes: str = "", used=False) -> Check:
-    return Check(name=name, source=source, quantity=quantity, measured=round(measured, 9), twin=round(twin, 9),
-                 rel_error=round((twin - measured) / measured, 6), used_in_fit=used, notes=notes)
-
-
-def profile_checks(spec: EngineProfileSpec, step_s) -> list[Check]:
+def profile_checks(spec: EngineProfileSpec, step_s, operator_step_s) -> list[Check]:
+    """Every public figure that matches the profile's configuration, evaluated with the compact model
+    (``step_s``, what the simulator uses) and with the operator-level model it was fitted to."""
     root, out = shared_dir(), []
+
+    def _check(name: str, source: str, quantity: str, measured: float, twin_of, notes: str = "") -> Check:
+        twin, op = twin_of(step_s), twin_of(operator_step_s)
+        return Check(name=name, source=source, quantity=quantity, measured=round(measured, 9), twin=round(twin, 9),
+                     rel_error=round((twin - measured) / measured, 6), twin_operator_level=round(op, 9),
+                     notes=notes)
+
     mname, tp, wd = spec.model.name, spec.tp, spec.weight_dtype
     if mname == "llama3-70b" and wd == "bf16" and spec.kv_dtype == "bf16":
         sw = ck.splitwise_medians(root, tp=tp)
         note = "Llama-2-70B FP16, late-2023 serving stack (older than vLLM 0.19); twin uses the Llama-3 shape"
         for b in (1, 16, 32, 64):
             if ("decode", 512, b, 128) in sw:
-                twin = step_s(ck.StepShape(decode_requests=b, decode_context_tokens=b * (512 + 64)))
+                shape = StepShape(decode_requests=b, decode_context_tokens=b * (512 + 64))
                 out.append(_check(f"splitwise decode step b={b} prompt=512", ck.SPLITWISE_FILE,
-                                  "token_time_s", sw[("decode", 512, b, 128)], twin, note))
+                                  "token_time_s", sw[("decode", 512, b, 128)], lambda f, s=shape: f(s), note))
         for p in (512, 2048, 8192):
             if ("prefill", p, 1, 128) in sw:
-                twin = step_s(ck.StepShape(prefill_requests=1, prefill_tokens=p,
-                                           prefill_attention_pairs=ck.prefill_attention_work(0, p)))
+                shape = StepShape(prefill_requests=1, prefill_tokens=p,
+                                  prefill_attention_pairs=prefill_attention_work(0, p))
                 out.append(_check(f"splitwise prefill {p} tokens", ck.SPLITWISE_FILE, "prompt_time_s",
-                                  sw[("prefill", p, 1, 128)], twin, note))
+                                  sw[("prefill", p, 1, 128)], lambda f, s=shape: f(s), note))
     quant = {("bf16", "bf16"): None, ("fp8", "fp8"): "Weight = fp8, KV Cache = fp8"}.get((wd, spec.kv_dtype))
     if mname in ARGONNE_MODELS and (wd, spec.kv_dtype) in (("bf16", "bf16"), ("fp8", "fp8")):
         ar = ck.argonne_latency_s(root, model=ARGONNE_MODELS[mname], tp=tp, quant=quant)
         src = ck.ARGONNE_FILE if quant is None else ck.ARGONNE_QUANT_FILE
         for length, b in ((128, 1), (128, 64), (1024, 16), (2048, 1), (2048, 64)):
             if (length, b) in ar:
-                twin = ck.static_batch_latency_s(step_s, length=length, batch=b)
                 out.append(_check(f"argonne static batch len={length} b={b}", src, "latency_s", ar[(length, b)],
-                                  twin, "vLLM ~0.4-0.5 (mid-2024) benchmark_latency, FP16 or FP8 as labelled"))
+                                  lambda f, n=length, b=b: ck.static_batch_latency_s(f, length=n, batch=b),
+                                  "vLLM ~0.4-0.5 (mid-2024) benchmark_latency, FP16 or FP8 as labelled"))
     if mname == "llama3-70b" and wd == "fp8" and spec.kv_dtype == "fp8" and tp == 4:
-        twin = step_s(ck.StepShape(decode_requests=170, decode_context_tokens=170 * 1900))
+        shape = StepShape(decode_requests=170, decode_context_tokens=170 * 1900)
         out.append(_check("design-note anchor: decode step at 170 streams x 1,900 tokens", ck.DESIGN_NOTE_FILE,
-                          "step_s", 1 / 30, twin, "an assumption of the design note (~30 tok/s per stream), not a measurement"))
+                          "step_s", 1 / 30, lambda f: f(shape),
+                          "an assumption of the design note (~30 tok/s per stream), not a measurement"))
     return out
 
 
 def derive_spec(*, model: ModelShape, tp: int, weight_dtype: str, kv_dtype: str, name: str, command: str,
                 generated_on: str) -> EngineProfileSpec:
     tables = load_tables(str(shared_dir()))
-    overhead, silicon_rel = fit_overhead_s(tables)
+    host = fit_host_overhead(tables)
     skeleton = EngineProfileSpec(name=name, model=model, hardware=H100_SXM, tp=tp, weight_dtype=weight_dtype,
                                  kv_dtype=kv_dtype, memory=memory_assumptions(model, tp=tp),
                                  provenance=Provenance(sources=[], command=command, generated_on=generated_on))
     om = OperatorStepModel(model=model, tp=tp, weight_dtype=weight_dtype, kv_dtype=kv_dtype, tables=tables)
+
+    def operator_step_s(shape: StepShape) -> float:
+        return host.step_s(shape) + om.model_s(shape)
+
     shapes = fit_grid(EngineProfile(skeleton))
-    fit = fit_step_time(shapes, [overhead + om.model_s(s) for s in shapes], overhead_s=overhead)
+    fit = fit_step_time(shapes, [operator_step_s(s) for s in shapes], overhead_s=host.overhead_s)
     compact = LinearStepTimeModel.from_coefficients(fit.coefficients)
     spec = skeleton.model_copy(update={
         "step_time": fit.coefficients,
-        "fit_quality": FitQuality(target="operator-level model (kernel tables) + overhead over the fit_grid shapes",
+        "fit_quality": FitQuality(target="operator-level model (kernel tables) + host overhead over the fit_grid shapes",
                                   decode=fit.decode_quality, prefill=fit.prefill_quality),
     })
     notes = (
-        f"overhead_s = median(measured TPOT - modelled forward time) over {len(silicon_rel)} vLLM 0.12 Qwen3-32B "
-        f"H100 TP2/4/8 serving points; after adding it, |rel error| mean {sum(map(abs, silicon_rel)) / len(silicon_rel):.3f}, "
-        f"max {max(map(abs, silicon_rel)):.3f}. Kernel tables are vLLM 0.19 (aiconfigurator) except elementwise "
-        "ops (vidur, FP16 eager). Attention kernels are FlashAttention (vllm_flash_attn)."
+        f"Host time outside the forward pass = {host.overhead_s * 1e3:.3f} ms per step (overhead_s) + "
+        f"{host.per_request_s * 1e6:.1f} us per request in the step (folded into the regime coefficients by the fit), "
+        f"fitted on {len(host.tps)} vLLM 0.12 Qwen3-32B H100 serving TPOTs (aiconfigurator silicon_sample.csv); "
+        f"|rel error| after the fit: {host.summary()}. Kernel tables are vLLM 0.19 (aiconfigurator) except "
+        "elementwise ops (vidur, FP16 eager). Attention kernels are FlashAttention (vllm_flash_attn)."
     )
     return spec.model_copy(update={
-        "checks": profile_checks(spec, compact.step_time_s),
+        "checks": profile_checks(spec, compact.step_time_s, operator_step_s),
         "provenance": Provenance(sources=[*KERNEL_SOURCES, ck.SILICON_FILE], command=command,
                                  generated_on=generated_on, notes=notes),
     })

@@ -109,6 +109,9 @@ class Check(_Frozen):
     measured: float
     twin: float
     rel_error: float = Field(description="(twin - measured) / measured")
+    twin_operator_level: float | None = Field(
+        default=None, description="the same figure from the operator-level model the coefficients were fitted to"
+    )
     used_in_fit: bool = False
     notes: str = ""
 
