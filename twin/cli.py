@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("twin.commands.run", "run a scenario and write its tables, manifest and summary"),
     "validate": ("twin.commands.validate", "check scenario files without running them"),
     "replay": ("twin.commands.replay", "replay a recorded real-engine run on one simulated replica"),
+    "record": ("twin.commands.record", "record real vLLM runs (CPU, dummy weights) as recorded-run folders"),
     "capacity": ("twin.commands.capacity", "back-of-envelope fleet size and cost from the capacity model"),
 }
 
