@@ -221,3 +221,31 @@ def test_engine_profiles_import_is_light() -> None:
            "print(any(m in sys.modules for m in ('simpy', 'pandas', 'pyarrow')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.skipif(not (shared_dir() / "calibration/raw").is_dir(), reason="needs ../shared calibration data")
+def test_derive_cli_custom_shape(tmp_path) -> None:
+    """Any Llama shape: a smaller model at the same TP decodes faster and holds more KV blocks."""
+    from twin.engine_profiles import derive
+
+    out = tmp_path / "custom.yaml"
+    rc = derive.main(["--model", "mini", "--layers", "16", "--hidden", "4096", "--intermediate", "14336",
+                      "--heads", "32", "--kv-heads", "8", "--head-dim", "128", "--vocab", "128256", "--tp", "1",
+                      "--out", str(out)])
+    assert rc == 0
+    mini, full = load_profile(str(out)), load_profile("llama3-8b-bf16-tp1-h100")
+    assert str(tmp_path) not in mini.spec.provenance.command
+    assert mini.spec.provenance.command.startswith("python -m twin.engine_profiles.derive --model mini")
+    shape = StepShape(decode_requests=64, decode_context_tokens=64 * 1024)
+    assert mini.step_time_model().step_time_s(shape) < full.step_time_model().step_time_s(shape)
+    kw = {"block_size": 16, "max_num_batched_tokens": 8192}
+    assert derive_num_gpu_blocks(mini, **kw) > derive_num_gpu_blocks(full, **kw)
+
+
+def test_tp_must_divide_heads() -> None:
+    raw = load_profile("llama3-8b-bf16-tp1-h100").spec.model_dump(mode="json")
+    raw["tp"] = 3
+    from twin.engine_profiles import EngineProfileSpec
+
+    with pytest.raises(ValueError, match="does not divide"):
+        EngineProfileSpec.model_validate(raw)

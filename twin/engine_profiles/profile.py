@@ -140,6 +140,12 @@ class EngineProfileSpec(_Frozen):
     checks: list[Check] = Field(default_factory=list)
     provenance: Provenance
 
+    @model_validator(mode="after")
+    def _tp_divides_heads(self) -> EngineProfileSpec:
+        if self.model.num_attention_heads % self.tp:
+            raise ValueError(f"tp {self.tp} does not divide {self.model.num_attention_heads} attention heads")
+        return self
+
 
 class EngineProfile:
     """A loaded profile: the validated spec plus the derived quantities the twin needs."""
