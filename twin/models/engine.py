@@ -177,9 +177,34 @@ class Engine:
 
         # Phase A: running requests in admission order.
         i = 0
+        bs = cfg.block_size
+        caching = cfg.enable_prefix_caching
         while i < len(running) and budget > 0:
             r = running[i]
-            n = r.seq.num_tokens - r.num_computed
+            c = r.num_computed
+            n = r.seq.num_tokens - c
+            if n == 1 and c < mml - 1:
+                # Decode fast path: a new block only when the previous ones are full; a block to hash
+                # only when this token fills one. Same result as kv.allocate, without the general case.
+                if c % bs == 0 or len(r.blocks) * bs < c + 1:
+                    if not kv.allocate(r, 1):
+                        n = 1  # fall through to the general path, which preempts
+                    else:
+                        reqs.append(r)
+                        ns.append(1)
+                        r.num_computed = c + 1
+                        budget -= 1
+                        i += 1
+                        continue
+                else:
+                    if caching and (c + 1) % bs == 0:
+                        kv._cache(r, c + 1)
+                    reqs.append(r)
+                    ns.append(1)
+                    r.num_computed = c + 1
+                    budget -= 1
+                    i += 1
+                    continue
             if t_long > 0 and n > t_long:
                 n = t_long
             if n > budget:
@@ -299,14 +324,27 @@ class Engine:
         self.num_steps += 1
         finished: list[EngineRequest] = []
         mml = self.cfg.max_model_len
+        RUNNING = Status.RUNNING
+        itl_v, itl_w = self.itl_values, self.itl_weights
+        emitted = 0
         for r in step.reqs:
-            if r.status != Status.RUNNING or r.num_computed < r.seq.num_tokens:
+            seq = r.seq
+            if r.status != RUNNING or r.num_computed < seq.num_tokens:
                 continue  # a non-final prefill chunk: its sampled token is discarded
-            self._emit(r, 1, end_s, end_s)
+            if r.num_output == 0 or r.on_tokens is not None:
+                self._emit(r, 1, end_s, end_s)
+            else:  # inlined _emit for the common decode case
+                itl_v.append(end_s - r.last_token_s)
+                itl_w.append(1)
+                seq._out_len += 1
+                r.num_output += 1
+                r.last_token_s = end_s
+                emitted += 1
             if r.token_times is not None:
                 r.token_times.append(end_s)
-            if r.num_output >= r.target_output_tokens or r.seq.num_tokens >= mml:
+            if r.num_output >= r.target_output_tokens or seq.num_tokens >= mml:
                 finished.append(r)
+        self.generation_tokens += emitted
         if finished:
             self._retire(finished, end_s)
         return finished
@@ -352,7 +390,10 @@ class Engine:
         mml = self.cfg.max_model_len
         k = limit
         for r in self.running:
-            rem = r.remaining_steps(mml)
+            rem = r.target_output_tokens - r.num_output
+            by_len = mml - r.seq.num_tokens
+            if by_len < rem:
+                rem = by_len
             if rem < k:
                 k = rem
         if k <= 1:

@@ -68,10 +68,33 @@ class TokenSeq:
         bs = self.block_size
         hashes = self._hashes
         parent = hashes[-1] if hashes else NONE_HASH
-        for b in range(len(hashes), upto):
-            content = self._block_content(b * bs, bs)
-            parent = hash((parent, content))
+        pieces = self._pieces
+        # cursor over pieces: index and start offset of the piece holding the next block's first token
+        pi, pstart = 0, 0
+        b = len(hashes)
+        start = b * bs
+        while pi < len(pieces) and pstart + pieces[pi][2] <= start:
+            pstart += pieces[pi][2]
+            pi += 1
+        while b < upto:
+            start = b * bs
+            while pi < len(pieces) and pstart + pieces[pi][2] <= start:
+                pstart += pieces[pi][2]
+                pi += 1
+            if pi < len(pieces) and pieces[pi][0] == 1 and start + bs <= pstart + pieces[pi][2]:
+                # fast path: the block lies inside one virtual segment (same content tuple as below)
+                seg = pieces[pi][1]
+                a = start - pstart
+                last = min(upto, b + (pstart + pieces[pi][2] - start) // bs)
+                while b < last:
+                    parent = hash((parent, ((seg, a, a + bs),)))
+                    hashes.append(parent)
+                    a += bs
+                    b += 1
+                continue
+            parent = hash((parent, self._block_content(start, bs)))
             hashes.append(parent)
+            b += 1
 
     def _block_content(self, start: int, n: int) -> tuple:
         """Canonical description of tokens [start, start+n)."""
