@@ -45,6 +45,7 @@ class Replica:
         self._busy = False
         self._pending_aborts: list[tuple[EngineRequest, str]] = []
         self._step_index = 0
+        self.events = 0  # engine events (a step or a decode run), for benchmarks
         self.process: simpy.Process | None = None
 
     def start(self) -> None:
@@ -84,6 +85,7 @@ class Replica:
                 raise RuntimeError(f"{self.scope}: work is queued but nothing can be scheduled "
                                    f"(KV pool too small for the head request?)")
             self._note_schedule(step)
+            self.events += 1
             if step.uniform_decode and self.max_run > 1:
                 k = eng.max_decode_run(step, self.max_run)
             else:

@@ -1,0 +1,182 @@
+"""Replay a recorded real-engine run on one simulated replica, and compare.
+
+The engine settings (block size, block count, limits, chunking, caching) come from the run's
+``run.json``; the requests are the exact prompt token ids, arrival times and output lengths that were
+sent. Step time comes from a profile, or (``step_times="recorded"``) from the recorded iteration log
+itself plus the profile's per-step overhead, so scheduling and latency accounting can be judged apart
+from the step-time model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from twin.calibration.recorded import RecordedRun
+from twin.engine_profiles.step import StepShape, StepTimeModel
+from twin.metrics import distribution
+from twin.models.workload import RequestSpec
+from twin.rng import stable_hash
+from twin.runner import RunResult, run_scenario
+from twin.scenario import parse_scenario
+
+COMPOSITION = ("ctx_requests", "ctx_tokens", "gen_requests", "gen_tokens")
+
+
+class RecordedStepTimes:
+    """Step i takes the recorded ``elapsed_ms`` of step i plus a per-step overhead."""
+
+    def __init__(self, elapsed_ms: np.ndarray, *, overhead_s: float, fallback: StepTimeModel | None) -> None:
+        self.elapsed_s = np.asarray(elapsed_ms, dtype=np.float64) / 1000.0
+        self.overhead_s = overhead_s
+        self.fallback = fallback
+        self.i = 0
+        self.beyond = 0  # steps the twin ran past the end of the recording
+
+    def step_time_s(self, shape: StepShape) -> float:
+        i = self.i
+        self.i += 1
+        if i < self.elapsed_s.size:
+            return float(self.elapsed_s[i]) + self.overhead_s
+        self.beyond += 1
+        if self.fallback is not None:
+            return self.fallback.step_time_s(shape)
+        return float(self.elapsed_s[-1]) + self.overhead_s
+
+    def decode_run_s(self, decode_requests: int, decode_context_tokens: int, num_steps: int) -> np.ndarray:
+        raise RuntimeError("recorded step times are consumed one step at a time (decode runs are off)")
+
+
+def request_specs(rec: RecordedRun) -> list[RequestSpec]:
+    specs = []
+    for r in rec.requests:
+        specs.append(RequestSpec(
+            request_id=r.request_id, arrival_s=float(r.arrival_s), pieces=(("ids", tuple(r.prompt_token_ids)),),
+            prompt_tokens=len(r.prompt_token_ids), output_tokens=max(r.output_tokens, 1),
+            max_tokens=max(r.max_tokens, 1), output_segment=stable_hash(f"{rec.path.name}/{r.request_id}")))
+    return specs
+
+
+def replay_scenario(rec: RecordedRun, profile: str | None) -> Any:
+    info = rec.run
+    raw = {
+        "name": f"replay-{rec.path.name}",
+        "description": f"replay of recorded run {rec.path.name} ({info.engine} {info.engine_version}, {info.mode})",
+        "workload": {"kind": "synthetic", "num_requests": max(len(rec.requests), 1),
+                     "arrival": {"kind": "offline"}, "prompt_tokens": {"kind": "constant", "value": 1},
+                     "output_tokens": {"kind": "constant", "value": 1}},
+        "replica": {
+            "step_time": {"kind": "profile", "profile": profile} if profile else {"kind": "fixed"},
+            "max_decode_run_steps": 512,
+            "engine": {"block_size": info.block_size, "num_gpu_blocks": info.num_gpu_blocks,
+                       "max_num_batched_tokens": info.max_num_batched_tokens, "max_num_seqs": info.max_num_seqs,
+                       "max_model_len": info.max_model_len, "enable_chunked_prefill": info.enable_chunked_prefill,
+                       "enable_prefix_caching": info.enable_prefix_caching},
+        },
+        "output": {"record_iterations": True, "record_token_times": True},
+    }
+    return parse_scenario(raw, source=str(rec.path))
+
+
+def replay(rec: RecordedRun, *, profile: str | None, step_times: str = "profile") -> RunResult:
+    """Simulate ``rec`` in the twin. ``step_times`` is ``"profile"`` or ``"recorded"``."""
+    if step_times not in ("profile", "recorded"):
+        raise ValueError("step_times must be 'profile' or 'recorded'")
+    if step_times == "profile" and profile is None:
+        raise ValueError("a profile is needed unless step times are taken from the recording")
+    sc = replay_scenario(rec, profile)
+    model: StepTimeModel | None = None
+    if step_times == "recorded":
+        if rec.iterations is None:
+            raise ValueError(f"{rec.path}: no iterations.csv, so there are no recorded step times")
+        fallback = None
+        overhead = 0.0
+        if profile is not None:
+            from twin.engine_profiles import load_profile
+
+            fallback = load_profile(profile).step_time_model()
+            overhead = float(getattr(fallback, "overhead_s", 0.0) or 0.0)
+        model = RecordedStepTimes(rec.iterations.elapsed_ms, overhead_s=overhead, fallback=fallback)
+        sc = sc.model_copy(update={"replica": sc.replica.model_copy(update={"max_decode_run_steps": 1})})
+    return run_scenario(sc, specs=request_specs(rec), step_model=model)
+
+
+# ---- comparison ---------------------------------------------------------------------------------------
+def _latencies(token_times: list[list[float]], e2e: list[float | None]) -> dict[str, np.ndarray]:
+    ttft = np.array([t[0] for t in token_times if t], dtype=np.float64)
+    itl = np.concatenate([np.diff(t) for t in token_times if len(t) > 1] or [np.zeros(0)])
+    tpot = np.array([(t[-1] - t[0]) / (len(t) - 1) for t in token_times if len(t) > 1], dtype=np.float64)
+    e = np.array([x if x is not None else (t[-1] if t else np.nan) for x, t in zip(e2e, token_times)],
+                 dtype=np.float64)
+    return {"ttft_s": ttft, "itl_s": itl, "tpot_s": tpot, "e2e_s": e[np.isfinite(e)]}
+
+
+def real_latencies(rec: RecordedRun) -> dict[str, np.ndarray]:
+    return _latencies([list(r.token_times_s or ()) for r in rec.requests], [r.e2e_s for r in rec.requests])
+
+
+def twin_latencies(result: RunResult) -> dict[str, np.ndarray]:
+    req = result.tables["requests"].to_pydict()
+    return _latencies(req["token_times_s"], req["e2e_s"])
+
+
+def _rel(twin: float, real: float) -> float | None:
+    if real is None or twin is None or not np.isfinite(real) or not np.isfinite(twin) or real == 0:
+        return None
+    return (twin - real) / real
+
+
+def compare(rec: RecordedRun, result: RunResult) -> dict[str, Any]:
+    """Exact items (steps, composition, preemptions, prefix hits) and latency percentiles, real vs twin."""
+    out: dict[str, Any] = {"run": rec.path.name, "mode": rec.run.mode, "requests": len(rec.requests)}
+    eng = result.world.engine
+    twin_it = result.tables["iterations"].to_pydict()
+    twin_comp = list(zip(*(twin_it[c] for c in COMPOSITION)))
+    if rec.iterations is not None:
+        real_comp = rec.iterations.composition()
+        first = next((i for i, (a, b) in enumerate(zip(real_comp, twin_comp)) if a != b), None)
+        if first is None and len(real_comp) != len(twin_comp):
+            first = min(len(real_comp), len(twin_comp))
+        out["steps"] = {"real": len(real_comp), "twin": len(twin_comp), "match": len(real_comp) == len(twin_comp)}
+        out["composition"] = {
+            "match": first is None, "first_mismatch_step": first,
+            "real_at_mismatch": list(real_comp[first]) if first is not None and first < len(real_comp) else None,
+            "twin_at_mismatch": list(twin_comp[first]) if first is not None and first < len(twin_comp) else None,
+        }
+        real_ms = float(np.sum(rec.iterations.elapsed_ms))
+        out["step_time_sum_s"] = {"real": real_ms / 1000.0, "twin": float(np.sum(twin_it["elapsed_ms"])) / 1000.0}
+        out["step_time_sum_s"]["rel_error"] = _rel(out["step_time_sum_s"]["twin"], out["step_time_sum_s"]["real"])
+    pre_real = rec.metric("num_preemptions")
+    out["preemptions"] = {"real": pre_real, "twin": eng.num_preemptions,
+                          "match": None if pre_real is None else int(pre_real) == eng.num_preemptions}
+    hits_real = rec.metric("prefix_cache_hits")
+    q_real = rec.metric("prefix_cache_queries")
+    out["prefix_cache_hits"] = {"real": hits_real, "twin": eng.prefix_cache_hits,
+                                "match": None if hits_real is None else int(hits_real) == eng.prefix_cache_hits}
+    out["prefix_cache_queries"] = {"real": q_real, "twin": eng.prefix_cache_queries}
+    twin_req = result.tables["requests"].to_pydict()
+    twin_cached = dict(zip(twin_req["request_id"], twin_req["num_cached_tokens"]))
+    per_req = [(r.num_cached_tokens, twin_cached.get(r.request_id)) for r in rec.requests
+               if r.num_cached_tokens is not None]
+    out["num_cached_tokens"] = {"compared": len(per_req), "match": sum(1 for a, b in per_req if a == b)}
+    real_l, twin_l = real_latencies(rec), twin_latencies(result)
+    lat: dict[str, Any] = {}
+    for key in ("ttft_s", "itl_s", "tpot_s", "e2e_s"):
+        a, b = distribution(real_l[key]), distribution(twin_l[key])
+        lat[key] = {p: {"real": a[p], "twin": b[p], "rel_error": _rel(b[p], a[p])} for p in ("p50", "p90", "p99", "mean")}
+    out["latency"] = lat
+    dur_real = max((r.arrival_s + (r.e2e_s or 0.0) for r in rec.requests), default=0.0)
+    tok = sum(r.output_tokens for r in rec.requests)
+    out["output_tokens_per_s"] = {"real": tok / dur_real if dur_real else None,
+                                  "twin": tok / result.summary["sim_time_s"] if result.summary["sim_time_s"] else None}
+    out["output_tokens_per_s"]["rel_error"] = _rel(out["output_tokens_per_s"]["twin"] or np.nan,
+                                                  out["output_tokens_per_s"]["real"] or np.nan)
+    return out
+
+
+@dataclass
+class ReplayOutcome:
+    result: RunResult
+    comparison: dict[str, Any]
