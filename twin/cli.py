@@ -19,6 +19,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("twin.commands.validate", "check scenario files without running them"),
     "replay": ("twin.commands.replay", "replay a recorded real-engine run on one simulated replica"),
     "record": ("twin.commands.record", "record real vLLM runs (CPU, dummy weights) as recorded-run folders"),
+    "calibrate": ("twin.commands.calibrate", "fit an engine profile's step times from recorded real-engine runs"),
+    "fidelity": ("twin.commands.fidelity", "the twin's error on recorded runs, item by item, with tolerances"),
     "capacity": ("twin.commands.capacity", "back-of-envelope fleet size and cost from the capacity model"),
 }
 

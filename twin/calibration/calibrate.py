@@ -1,0 +1,265 @@
+"""Fit an engine profile (step-time coefficients + per-step overhead) from recorded real-engine runs.
+
+    from twin.calibration.calibrate import calibrate
+    result = calibrate(["runs/cal/sweep-decode-batch", ...], name="cpu-tiny-llama")
+    result.spec            # an EngineProfileSpec, ready for derive.write_spec
+    result.refused         # runs left out, with the reason
+
+How, per run:
+
+1. Replay it in the twin with the *recorded* step times (step i of the twin takes ``elapsed_ms[i]``), so
+   the twin's steps line up one-to-one with the recorded steps. The twin's step composition
+   ``(ctx_requests, ctx_tokens, gen_requests, gen_tokens)`` must equal the recorded one step for step;
+   a run where it does not is refused (its shapes would be paired with the wrong durations).
+2. Collect the ``StepShape`` the engine built for each step with the recorded duration of that step.
+3. Estimate the per-step time outside model execution (scheduling, output processing; ``elapsed_ms``
+   covers model execution and sampling only): each streamed token is assigned to the twin step that
+   emitted it (the composition matches, so it is the same step in the real run); a step's real end time
+   is the median time of its tokens; for consecutive token-emitting steps a < b the sample is
+   ``(T_b - T_a - sum(elapsed[a+1..b])) / (b - a)``. The overhead is the median over all runs' samples.
+
+Then both step-time regimes are fitted to the recorded ``elapsed_ms`` by ``fit_step_time`` (relative-error
+NNLS) with that overhead. Block size and block count are not fitted: replays take them from each run's
+run.json; the profile's memory section is set so ``derive_num_gpu_blocks`` gives back the recorded count of
+a run without ``--num-gpu-blocks-override``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from twin.calibration.recorded import RecordedRun, load_recorded_run
+from twin.engine_profiles.fit import fit_step_time
+from twin.engine_profiles.profile import (
+    EngineProfileSpec,
+    FitQuality,
+    Hardware,
+    MemoryAssumptions,
+    ModelShape,
+    Provenance,
+)
+from twin.engine_profiles.step import StepShape, StepTimeModel
+from twin.replay import COMPOSITION, RecordedStepTimes, replay_scenario, request_specs
+from twin.runner import RunResult, run_scenario
+
+DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
+
+
+class CalibrationError(ValueError):
+    """Recorded runs that cannot be used to fit a profile; the message says why."""
+
+
+class ShapeRecorder(RecordedStepTimes):
+    """Recorded step times that also keep the ``StepShape`` of every step the twin runs."""
+
+    def __init__(self, elapsed_ms: np.ndarray, *, overhead_s: float) -> None:
+        super().__init__(elapsed_ms, overhead_s=overhead_s, fallback=None)
+        self.shapes: list[StepShape] = []
+
+    def step_time_s(self, shape: StepShape) -> float:
+        self.shapes.append(shape)
+        return super().step_time_s(shape)
+
+
+def replay_recorded(rec: RecordedRun, *, overhead_s: float) -> tuple[RunResult, ShapeRecorder]:
+    """Replay ``rec`` with its recorded step times plus ``overhead_s`` per step (one event per step).
+
+    Unlike ``replay(step_times="recorded")`` the overhead is passed in, not read from a profile object.
+    """
+    if rec.iterations is None or len(rec.iterations) == 0:
+        raise CalibrationError(f"{rec.path}: no iterations.csv, so there are no recorded step times")
+    sc = replay_scenario(rec, None)
+    sc = sc.model_copy(update={"replica": sc.replica.model_copy(update={"max_decode_run_steps": 1})})
+    model = ShapeRecorder(rec.iterations.elapsed_ms, overhead_s=overhead_s)
+    result = run_scenario(sc, specs=request_specs(rec), step_model=model)
+    if not result.ok:
+        raise CalibrationError(f"{rec.path}: the replay failed: {result.manifest['exception']}")
+    return result, model
+
+
+def composition_mismatch(rec: RecordedRun, result: RunResult) -> str | None:
+    """None when the twin's step composition equals the recording's, else a sentence saying where not."""
+    assert rec.iterations is not None
+    real = rec.iterations.composition()
+    it = result.tables["iterations"].to_pydict()
+    twin = list(zip(*(it[c] for c in COMPOSITION), strict=True))
+    for i, (a, b) in enumerate(zip(real, twin, strict=False)):
+        if tuple(a) != tuple(b):
+            return (f"step composition differs at step {i}: real {list(a)} twin {list(b)} "
+                    f"({', '.join(COMPOSITION)})")
+    if len(real) != len(twin):
+        return f"step count differs: real {len(real)} twin {len(twin)} (composition equal up to the shorter)"
+    return None
+
+
+def overhead_samples(rec: RecordedRun, result: RunResult) -> np.ndarray:
+    """Per-step overhead samples (seconds) from streamed token times vs recorded step durations.
+
+    Needs a replay whose steps align with the recording (``composition_mismatch`` is None).
+    """
+    assert rec.iterations is not None
+    elapsed = rec.iterations.elapsed_ms / 1000.0
+    it = result.tables["iterations"].to_pydict()
+    ends = np.asarray(it["t_start_s"], dtype=np.float64) + np.asarray(it["elapsed_ms"]) / 1000.0
+    twin_req = result.tables["requests"].to_pydict()
+    twin_times = dict(zip(twin_req["request_id"], twin_req["token_times_s"], strict=True))
+    twin_arrival = dict(zip(twin_req["request_id"], twin_req["arrival_s"], strict=True))
+    per_step: dict[int, list[float]] = {}
+    for r in rec.requests:
+        real_t, tw = r.token_times_s, twin_times.get(r.request_id)
+        if not real_t or not tw or len(tw) != len(real_t):
+            continue
+        tw_abs = np.asarray(tw, dtype=np.float64) + float(twin_arrival[r.request_id])
+        # the step whose end is nearest each twin token time (the twin stamps tokens at step ends)
+        idx = np.clip(np.searchsorted(ends, tw_abs), 0, ends.size - 1)
+        left = np.clip(idx - 1, 0, ends.size - 1)
+        idx = np.where(np.abs(ends[left] - tw_abs) < np.abs(ends[idx] - tw_abs), left, idx)
+        for k, t in zip(idx.tolist(), real_t, strict=True):
+            per_step.setdefault(k, []).append(r.arrival_s + t)
+    steps = sorted(per_step)
+    t_end = {k: float(np.median(per_step[k])) for k in steps}
+    cum = np.concatenate([[0.0], np.cumsum(elapsed)])
+    out = []
+    for a, b in zip(steps, steps[1:], strict=False):
+        if b >= elapsed.size:
+            break
+        model_s = cum[b + 1] - cum[a + 1]  # elapsed of steps a+1 .. b
+        out.append((t_end[b] - t_end[a] - model_s) / (b - a))
+    return np.asarray(out, dtype=np.float64)
+
+
+@dataclass
+class RunSamples:
+    path: Path
+    shapes: list[StepShape]
+    elapsed_s: np.ndarray
+    overhead_samples_s: np.ndarray
+
+
+def run_samples(rec: RecordedRun) -> RunSamples:
+    """The (StepShape, elapsed_s) pairs and overhead samples of one run; raises if the steps do not align."""
+    result, model = replay_recorded(rec, overhead_s=0.0)
+    why = composition_mismatch(rec, result)
+    if why is not None:
+        raise CalibrationError(f"{rec.path}: {why}; its step shapes cannot be paired with recorded durations"
+                               + (" (server runs depend on arrival timing)" if rec.run.mode == "server" else ""))
+    assert rec.iterations is not None and len(model.shapes) == len(rec.iterations)
+    return RunSamples(path=rec.path, shapes=model.shapes, elapsed_s=rec.iterations.elapsed_ms / 1000.0,
+                      overhead_samples_s=overhead_samples(rec, result))
+
+
+def model_shape(rec: RecordedRun) -> ModelShape:
+    mc = rec.run.model_config_
+    try:
+        hidden, heads = int(mc["hidden_size"]), int(mc["num_attention_heads"])
+        return ModelShape(
+            name=str(mc.get("_name_or_path") or mc.get("model_type") or "model"),
+            num_layers=int(mc["num_hidden_layers"]), hidden_size=hidden,
+            intermediate_size=int(mc["intermediate_size"]), num_attention_heads=heads,
+            num_kv_heads=int(mc.get("num_key_value_heads") or heads),
+            head_dim=int(mc.get("head_dim") or hidden // heads), vocab_size=int(mc["vocab_size"]),
+            tie_word_embeddings=bool(mc.get("tie_word_embeddings", False)))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CalibrationError(f"{rec.path}: run.json model_config lacks a Llama-style shape: {exc}") from exc
+
+
+def _dtype(value: str, *, fallback: str, where: str) -> str:
+    v = fallback if value == "auto" else value
+    if v not in DTYPES:
+        raise CalibrationError(f"{where}: dtype {value!r} has no profile equivalent (bf16 or fp8)")
+    return DTYPES[v]
+
+
+def memory_section(recs: Sequence[RecordedRun], shape: ModelShape, *, weight_dtype: str, kv_dtype: str
+                   ) -> tuple[Hardware, MemoryAssumptions, str]:
+    """Hardware + memory so ``derive_num_gpu_blocks`` returns the recorded block count (see module doc)."""
+    from twin.engine_profiles.memory import weight_bytes
+    from twin.engine_profiles.profile import DTYPE_BYTES
+
+    natural = [r for r in recs if "--num-gpu-blocks-override" not in r.run.engine_args] or list(recs)
+    (blocks, block_size), _ = Counter((r.run.num_gpu_blocks, r.run.block_size) for r in natural).most_common(1)[0]
+    per_block = shape.num_layers * shape.num_kv_heads * block_size * 2 * shape.head_dim * DTYPE_BYTES[kv_dtype]
+    weights = weight_bytes(shape, weight_dtype_bytes=DTYPE_BYTES[weight_dtype])
+    hw = Hardware(name=recs[0].run.hardware, gpu_memory_bytes=weights + blocks * per_block, gpus_per_node=1)
+    mem = MemoryAssumptions(
+        gpu_memory_utilization=1.0, non_torch_bytes_per_gpu=0, activation_bytes_per_batched_token=0,
+        cudagraph_bytes_per_gpu=0,
+        notes=(f"CPU backend: the KV cache is a fixed size (--kv-cache-memory-bytes), recorded as {blocks} blocks of "
+               f"{block_size} tokens; 'gpu_memory_bytes' = weights + that KV space, so derive_num_gpu_blocks gives "
+               f"{blocks} back. Replays take block size and count from each run's run.json, not from here."))
+    return hw, mem, f"{blocks} blocks x {block_size} tokens"
+
+
+@dataclass
+class CalibrationResult:
+    spec: EngineProfileSpec
+    used: list[Path]
+    refused: list[str] = field(default_factory=list)  # "path: reason"
+    overhead_samples_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+
+def calibrate(run_dirs: Sequence[str | Path], *, name: str, command: str, generated_on: str | None = None,
+              source_label=None) -> CalibrationResult:
+    """Fit a profile named ``name`` from recorded runs (see the module doc). ``source_label(path) -> str`` names
+    each run in the provenance (default: the path as given)."""
+    if not run_dirs:
+        raise CalibrationError("no run folders given")
+    recs = [load_recorded_run(p) for p in run_dirs]
+    shape = model_shape(recs[0])
+    for r in recs[1:]:
+        if model_shape(r) != shape:
+            raise CalibrationError(f"{r.path}: a different model shape from {recs[0].path}; fit one model at a time")
+    versions = sorted({r.run.engine_version for r in recs})
+    hardware = sorted({r.run.hardware for r in recs})
+    if len(hardware) > 1:
+        raise CalibrationError(f"runs come from different hardware ({hardware}); fit one machine at a time")
+    samples: list[RunSamples] = []
+    refused: list[str] = []
+    for r in recs:
+        try:
+            samples.append(run_samples(r))
+        except CalibrationError as exc:
+            refused.append(str(exc))
+    if not samples:
+        raise CalibrationError("no usable run (every run was refused):\n  " + "\n  ".join(refused))
+    ovh_all = np.concatenate([s.overhead_samples_s for s in samples])
+    if ovh_all.size == 0:
+        raise CalibrationError("no overhead samples: the runs have no streamed token times")
+    overhead_s = max(float(np.median(ovh_all)), 0.0)
+    shapes = [sh for s in samples for sh in s.shapes]
+    elapsed = np.concatenate([s.elapsed_s for s in samples])
+    fit = fit_step_time(shapes, elapsed + overhead_s, overhead_s=overhead_s)
+    r0 = recs[0].run
+    weight_dtype = _dtype(r0.dtype, fallback="bfloat16", where=str(recs[0].path))
+    kv_dtype = _dtype(r0.kv_cache_dtype, fallback=r0.dtype, where=str(recs[0].path))
+    hw, mem, blocks = memory_section(recs, shape, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
+    label = source_label or (lambda p: str(p))
+    q25, q75 = np.percentile(ovh_all, [25, 75])
+    notes = (
+        f"engine {', '.join(versions)} on '{hardware[0]}'. Fitted to {elapsed.size} recorded steps of "
+        f"{len(samples)} runs ({blocks} in the runs without an override). overhead_s = median over "
+        f"{ovh_all.size} consecutive token-emitting step pairs of (token-time interval - recorded elapsed) per "
+        f"step: {overhead_s * 1e3:.3f} ms (IQR {q25 * 1e3:.3f}..{q75 * 1e3:.3f} ms)."
+    )
+    if refused:
+        notes += " Refused: " + " | ".join(refused)
+    spec = EngineProfileSpec(
+        name=name, model=shape, hardware=hw, tp=int(r0.tensor_parallel_size), weight_dtype=weight_dtype,
+        kv_dtype=kv_dtype, memory=mem, step_time=fit.coefficients,
+        fit_quality=FitQuality(target=f"recorded vLLM step durations (iterations.csv elapsed_ms), {len(samples)} runs",
+                               decode=fit.decode_quality, prefill=fit.prefill_quality),
+        provenance=Provenance(sources=[label(s.path) for s in samples], command=command,
+                              generated_on=generated_on or dt.datetime.now(dt.UTC).date().isoformat(), notes=notes),
+    )
+    return CalibrationResult(spec=spec, used=[s.path for s in samples], refused=refused, overhead_samples_s=ovh_all)
+
+
+def step_model_overhead_s(model: StepTimeModel) -> float:
+    """The per-step overhead a step model adds (0 when it does not say)."""
+    return float(getattr(model, "overhead_s", 0.0) or 0.0)

@@ -1,0 +1,247 @@
+"""How close the twin comes to recorded real runs: an error table per run, with a tolerance per item.
+
+    from twin.calibration.fidelity import fidelity, format_table
+    report = fidelity(["runs/held-out/heldout-server-bursty", ...], profile="cpu-tiny-llama")
+    print(format_table(report))
+
+Each run is replayed twice with the engine settings of its own run.json: with the profile's step times
+(the twin as it would be used) and with the recorded step times plus the profile's per-step overhead
+(scheduling and latency accounting alone, no step-time model). Items:
+
+* exact: step count, step composition, preemptions, prefix-cache hits. These do not depend on the machine
+  for offline runs; server runs' composition depends on arrival timing, so it is reported but seldom exact.
+* tolerance: TTFT, ITL, TPOT and E2E p50/p90, output throughput, step-time sum (model execution only, the
+  per-step overhead excluded on both sides). The tolerance is 10 % unless the same workload was recorded
+  more than once among the runs given and the real values of that item spread wider between repeats;
+  the spread is the largest relative deviation of a repeat from the repeats' mean.
+
+Pass/fail is judged on the profile replay; the recorded-step-time replay is reported beside it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from twin.calibration.calibrate import replay_recorded
+from twin.calibration.recorded import RecordedRun, load_recorded_run
+from twin.replay import compare, replay
+
+DEFAULT_TOLERANCE = 0.10
+# item key -> (label, unit scale for printing, unit)
+TOLERANCE_ITEMS: dict[str, tuple[str, float, str]] = {
+    "ttft_p50_s": ("TTFT p50", 1e3, "ms"),
+    "ttft_p90_s": ("TTFT p90", 1e3, "ms"),
+    "itl_p50_s": ("ITL p50", 1e3, "ms"),
+    "itl_p90_s": ("ITL p90", 1e3, "ms"),
+    "tpot_p50_s": ("TPOT p50", 1e3, "ms"),
+    "tpot_p90_s": ("TPOT p90", 1e3, "ms"),
+    "e2e_p50_s": ("E2E p50", 1e3, "ms"),
+    "e2e_p90_s": ("E2E p90", 1e3, "ms"),
+    "output_tokens_per_s": ("output tok/s", 1.0, ""),
+    "step_time_sum_s": ("step-time sum", 1.0, "s"),
+}
+EXACT_ITEMS: dict[str, str] = {
+    "steps": "steps",
+    "composition": "composition",
+    "preemptions": "preemptions",
+    "prefix_cache_hits": "prefix hits",
+}
+
+
+def _rel(twin: float | None, real: float | None) -> float | None:
+    if twin is None or real is None or not np.isfinite(twin) or not np.isfinite(real) or real == 0:
+        return None
+    return (twin - real) / real
+
+
+def _values(rec: RecordedRun, result: Any, comparison: dict[str, Any], *, overhead_s: float,
+            overhead_in_log_s: float) -> dict[str, Any]:
+    """Flat item -> twin value (and real value) from one ``compare`` output."""
+    real: dict[str, Any] = {}
+    twin: dict[str, Any] = {}
+    for key in ("ttft", "itl", "tpot", "e2e"):
+        for p in ("p50", "p90"):
+            d = comparison["latency"][f"{key}_s"][p]
+            real[f"{key}_{p}_s"], twin[f"{key}_{p}_s"] = d["real"], d["twin"]
+    real["output_tokens_per_s"] = comparison["output_tokens_per_s"]["real"]
+    twin["output_tokens_per_s"] = comparison["output_tokens_per_s"]["twin"]
+    it = result.tables["iterations"]
+    steps_twin = it.num_rows
+    # the iteration log's elapsed_ms leaves out only the overhead the step model declares (overhead_in_log_s)
+    twin_sum = float(np.sum(it.column("elapsed_ms").to_numpy())) / 1e3 - (overhead_s - overhead_in_log_s) * steps_twin
+    real["step_time_sum_s"] = float(np.sum(rec.iterations.elapsed_ms)) / 1e3 if rec.iterations is not None else None
+    twin["step_time_sum_s"] = twin_sum
+    exact_real: dict[str, Any] = {}
+    exact_twin: dict[str, Any] = {}
+    exact_match: dict[str, bool | None] = {}
+    if "steps" in comparison:
+        exact_real["steps"], exact_twin["steps"] = comparison["steps"]["real"], comparison["steps"]["twin"]
+        exact_match["steps"] = comparison["steps"]["match"]
+        c = comparison["composition"]
+        exact_real["composition"] = "recorded"
+        exact_twin["composition"] = ("identical" if c["match"] else
+                                     f"differs at step {c['first_mismatch_step']}: real {c['real_at_mismatch']} "
+                                     f"twin {c['twin_at_mismatch']}")
+        exact_match["composition"] = c["match"]
+    for key in ("preemptions", "prefix_cache_hits"):
+        exact_real[key], exact_twin[key], exact_match[key] = (comparison[key]["real"], comparison[key]["twin"],
+                                                              comparison[key]["match"])
+    return {"real": real, "twin": twin, "exact_real": exact_real, "exact_twin": exact_twin, "exact_match": exact_match}
+
+
+def workload_key(rec: RecordedRun) -> str:
+    """Runs with equal keys are repeats: same mode, engine settings and exact request set."""
+    r = rec.run
+    h = hashlib.sha256()
+    h.update(json.dumps([r.mode, r.engine_version, r.hardware, r.block_size, r.num_gpu_blocks,
+                         r.max_num_batched_tokens, r.max_num_seqs, r.max_model_len, r.enable_chunked_prefill,
+                         r.enable_prefix_caching, r.model_config_]).encode())
+    for q in rec.requests:
+        h.update(json.dumps([q.arrival_s, q.max_tokens, list(q.prompt_token_ids)]).encode())
+    return h.hexdigest()[:16]
+
+
+def spread(values: Sequence[float | None]) -> float | None:
+    """Largest relative deviation of a repeat from the repeats' mean (None with fewer than two values)."""
+    v = np.asarray([x for x in values if x is not None and np.isfinite(x)], dtype=np.float64)
+    if v.size < 2 or v.mean() == 0:
+        return None
+    return float(np.max(np.abs(v - v.mean())) / abs(v.mean()))
+
+
+@dataclass
+class _RunReplays:
+    rec: RecordedRun
+    prof: dict[str, Any]
+    recd: dict[str, Any]
+
+
+def _replay_both(rec: RecordedRun, profile: str, overhead_s: float, overhead_in_log_s: float) -> _RunReplays:
+    res_p = replay(rec, profile=profile, step_times="profile")
+    if not res_p.ok:
+        raise RuntimeError(f"{rec.path}: the profile replay failed: {res_p.manifest['exception']}")
+    prof = _values(rec, res_p, compare(rec, res_p), overhead_s=overhead_s, overhead_in_log_s=overhead_in_log_s)
+    recd: dict[str, Any] = {}
+    if rec.iterations is not None and len(rec.iterations) > 0:
+        res_r, _ = replay_recorded(rec, overhead_s=overhead_s)
+        recd = _values(rec, res_r, compare(rec, res_r), overhead_s=overhead_s, overhead_in_log_s=overhead_s)
+    return _RunReplays(rec=rec, prof=prof, recd=recd)
+
+
+def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float = DEFAULT_TOLERANCE) -> dict[str, Any]:
+    """The fidelity report (a JSON-ready dict) of ``profile`` on the recorded runs ``run_dirs``."""
+    from twin.engine_profiles import load_profile
+
+    prof = load_profile(profile)
+    model = prof.step_time_model()
+    overhead_s = prof.spec.step_time.overhead_s if prof.spec.step_time is not None else 0.0
+    overhead_in_log_s = float(getattr(model, "overhead_s", 0.0) or 0.0)
+    recs = [load_recorded_run(p) for p in run_dirs]
+    replays = [_replay_both(r, profile, overhead_s, overhead_in_log_s) for r in recs]
+    groups: dict[str, list[int]] = {}
+    for i, r in enumerate(recs):
+        groups.setdefault(workload_key(r), []).append(i)
+    runs = []
+    for i, rp in enumerate(replays):
+        rec = rp.rec
+        key = workload_key(rec)
+        members = groups[key]
+        items: dict[str, Any] = {}
+        for name in EXACT_ITEMS:
+            if name not in rp.prof["exact_match"]:
+                continue
+            match = rp.prof["exact_match"][name]
+            items[name] = {
+                "kind": "exact", "real": rp.prof["exact_real"][name], "twin": rp.prof["exact_twin"][name],
+                "rel_error": None, "tolerance": "exact", "spread": None,
+                "pass": match,  # None when the real value was not recorded
+                "twin_recorded_steps": rp.recd.get("exact_twin", {}).get(name),
+                "pass_recorded_steps": rp.recd.get("exact_match", {}).get(name),
+            }
+        for name in TOLERANCE_ITEMS:
+            real, twin = rp.prof["real"][name], rp.prof["twin"][name]
+            err = _rel(twin, real)
+            sp = spread([replays[j].prof["real"][name] for j in members]) if len(members) > 1 else None
+            tol = max(tolerance, sp) if sp is not None else tolerance
+            twin_r = rp.recd.get("twin", {}).get(name)
+            err_r = _rel(twin_r, real)
+            items[name] = {
+                "kind": "tolerance", "real": real, "twin": twin, "rel_error": err, "tolerance": tol, "spread": sp,
+                "pass": None if err is None else bool(abs(err) <= tol),
+                "twin_recorded_steps": twin_r, "rel_error_recorded_steps": err_r,
+                "pass_recorded_steps": None if err_r is None else bool(abs(err_r) <= tol),
+            }
+        runs.append({"run": str(rec.path), "name": rec.path.name, "mode": rec.run.mode, "requests": len(rec.requests),
+                     "workload_key": key, "repeats": len(members), "items": items})
+    verdicts = [it["pass"] for r in runs for it in r["items"].values() if it["pass"] is not None]
+    return {
+        "profile": profile, "profile_name": prof.name, "default_tolerance": tolerance,
+        "overhead_s": overhead_s, "runs": runs,
+        "summary": {"items": len(verdicts), "passed": sum(1 for v in verdicts if v),
+                    "failed": sum(1 for v in verdicts if not v)},
+    }
+
+
+def _fmt(value: Any, scale: float) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not np.isfinite(value):
+            return "n/a"
+        v = value * scale
+        return f"{v:.1f}" if abs(v) >= 100 else f"{v:.3f}" if abs(v) < 10 else f"{v:.2f}"
+    return str(value)
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:+.1%}"
+
+
+def _verdict(p: bool | None) -> str:
+    return "n/a" if p is None else ("pass" if p else "FAIL")
+
+
+def format_table(report: dict[str, Any]) -> str:
+    """The report as text: one block per run, one line per item."""
+    lines = [f"fidelity of profile {report['profile_name']} ({report['profile']}); per-step overhead "
+             f"{report['overhead_s'] * 1e3:.3f} ms; default tolerance {report['default_tolerance']:.0%}"]
+    head = (f"  {'item':<16}{'real':>11}{'twin':>11}{'error':>9}{'tol':>7}{'spread':>8}  {'verdict':<8}"
+            f"{'twin*':>11}{'error*':>9}")
+    for r in report["runs"]:
+        rep = f", {r['repeats']} repeats" if r["repeats"] > 1 else ""
+        lines += ["", f"{r['name']} ({r['mode']}, {r['requests']} requests{rep})", head]
+        for name, it in r["items"].items():
+            if it["kind"] == "exact":
+                if name == "composition":
+                    twin = "identical" if it["pass"] else "differs"
+                    twin_r = "identical" if it["pass_recorded_steps"] else "differs"
+                    lines.append(f"  {'composition':<16}{'':>11}{twin:>11}{'':>9}{'exact':>7}{'':>8}  "
+                                 f"{_verdict(it['pass']):<8}{twin_r:>11}")
+                    if not it["pass"]:
+                        lines.append(f"      profile replay: {it['twin']}")
+                    continue
+                lines.append(f"  {EXACT_ITEMS[name]:<16}{_fmt(it['real'], 1):>11}{_fmt(it['twin'], 1):>11}{'':>9}"
+                             f"{'exact':>7}{'':>8}  {_verdict(it['pass']):<8}{_fmt(it['twin_recorded_steps'], 1):>11}")
+                continue
+            label, scale, unit = TOLERANCE_ITEMS[name]
+            lab = f"{label} ({unit})" if unit else label
+            sp = "-" if it["spread"] is None else f"{it['spread']:.0%}"
+            lines.append(f"  {lab:<16}{_fmt(it['real'], scale):>11}{_fmt(it['twin'], scale):>11}{_pct(it['rel_error']):>9}"
+                         f"{it['tolerance']:>7.0%}{sp:>8}  {_verdict(it['pass']):<8}"
+                         f"{_fmt(it['twin_recorded_steps'], scale):>11}{_pct(it['rel_error_recorded_steps']):>9}")
+    s = report["summary"]
+    lines += ["", "twin = replay with the profile's step times (verdict); twin* = replay with the recorded step "
+                  "times + the profile's overhead.",
+              f"{s['passed']} of {s['items']} items pass, {s['failed']} fail."]
+    return "\n".join(lines)

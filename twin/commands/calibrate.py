@@ -1,0 +1,62 @@
+"""``twin calibrate RUN_DIR... [--name NAME] [--out FILE]``: fit an engine profile from recorded runs.
+
+    twin calibrate tests/fixtures/calibration/cpu-tiny-llama/calibration/* --name cpu-tiny-llama --out p.yaml
+    twin replay RUN_DIR --profile p.yaml        # the written file is a profile path anywhere --profile is taken
+
+Each run is replayed with its recorded step times; runs whose step composition the twin does not reproduce
+are refused (named on stderr) and the fit uses the rest. Exit 0 with a profile written, 2 on bad input or
+when no run can be used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dirs", nargs="+", help="recorded run folders (run.json, requests.jsonl, iterations.csv)")
+    p.add_argument("--name", default=None, help="profile name (default: the --out file stem, else 'calibrated')")
+    p.add_argument("--out", type=Path, default=None, help="profile YAML to write (default: <name>.yaml)")
+    p.add_argument("--date", default=None, help="provenance generated_on (YYYY-MM-DD; default today, UTC)")
+
+
+def _label(path: Path) -> str:
+    """A run folder as written in the provenance: relative to the current folder when it lies below it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return path.name
+
+
+def run(args: argparse.Namespace) -> int:
+    from twin.calibration.calibrate import CalibrationError, calibrate
+    from twin.calibration.recorded import RecordedRunError
+    from twin.engine_profiles.derive import write_spec
+
+    name = args.name or (args.out.stem if args.out else "calibrated")
+    out = args.out or Path(f"{name}.yaml")
+    labels = [_label(Path(d)) for d in args.run_dirs]
+    command = "twin calibrate " + " ".join(shlex.quote(x) for x in labels) + f" --name {shlex.quote(name)}"
+    try:
+        result = calibrate(args.run_dirs, name=name, command=command, generated_on=args.date, source_label=_label)
+    except (CalibrationError, RecordedRunError, OSError) as exc:
+        print(f"twin calibrate: {exc}", file=sys.stderr)
+        return 2
+    for why in result.refused:
+        print(f"twin calibrate: refused {why}", file=sys.stderr)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_spec(result.spec, out)
+    st, fq = result.spec.step_time, result.spec.fit_quality
+    assert st is not None and fq is not None
+    print(f"wrote {out} (profile {name!r}) from {len(result.used)} runs, {len(result.refused)} refused")
+    print(f"  overhead_s        {st.overhead_s * 1e3:.3f} ms/step ({result.overhead_samples_s.size} samples)")
+    print(f"  decode  (n={fq.decode.num_samples:>5})  base {st.decode.base_s * 1e3:.3f} ms + {st.decode.per_request_s * 1e6:.2f} us/req"
+          f" + {st.decode.per_context_token_s * 1e9:.2f} ns/ctx tok; mean |rel err| {fq.decode.mean_abs_rel_error:.1%},"
+          f" max {fq.decode.max_abs_rel_error:.1%}")
+    print(f"  prefill (n={fq.prefill.num_samples:>5})  base {st.prefill.base_s * 1e3:.3f} ms + {st.prefill.per_token_s * 1e6:.2f} us/tok"
+          f" + {st.prefill.per_attention_pair_s * 1e9:.3f} ns/pair + {st.prefill.per_decode_context_token_s * 1e9:.2f} ns/ctx tok;"
+          f" mean |rel err| {fq.prefill.mean_abs_rel_error:.1%}, max {fq.prefill.max_abs_rel_error:.1%}")
+    return 0

@@ -1,0 +1,41 @@
+"""``twin fidelity --profile P RUN_DIR... [--json FILE]``: the twin's error on recorded runs, item by item.
+
+A report, not a gate: exit 0 even when items fail; 2 on bad input (a missing or malformed run folder, an
+unknown profile or one without step-time coefficients).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_dirs", nargs="+", help="recorded run folders")
+    p.add_argument("--profile", required=True, help="engine profile name or YAML path (gives step times only)")
+    p.add_argument("--json", type=Path, default=None, help="also write the report as JSON to this file")
+    p.add_argument("--tolerance", type=float, default=0.10,
+                   help="default relative tolerance of the timing items (default 0.10)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from twin.calibration.fidelity import fidelity, format_table
+    from twin.calibration.recorded import RecordedRunError
+    from twin.engine_profiles import UnknownProfileError
+    from twin.results import dumps
+
+    if not 0 < args.tolerance < 10:
+        print("twin fidelity: --tolerance must be a positive fraction", file=sys.stderr)
+        return 2
+    try:
+        report = fidelity(args.run_dirs, profile=args.profile, tolerance=args.tolerance)
+    except (RecordedRunError, UnknownProfileError, ValueError, OSError) as exc:
+        print(f"twin fidelity: {exc}", file=sys.stderr)
+        return 2
+    print(format_table(report))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(dumps(report))
+        print(f"wrote {args.json}")
+    return 0
