@@ -1,0 +1,537 @@
+"""Gateway admission policies: per-user token buckets, per-tenant quotas, a retry budget, composites.
+
+Every policy is registered in :data:`ADMISSIONS` under its snake_case key with a frozen pydantic
+``Params`` model (``kind`` = the key); :data:`AdmissionConfig` is the discriminated union over them and
+:func:`build_admission` builds one. Pure Python: no clock (``now_s`` is given and must not go back), no
+I/O, no randomness (the seed is taken for a uniform constructor). See ``docs/policies.md``.
+
+Two-phase contract: ``check`` decides without consuming anything and ``commit`` consumes; ``admit`` is
+``check`` then, when admitted, ``commit``. A composite checks its children in order and commits all of
+them only when every child admits, so a request rejected by one child consumes nothing from any other.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Literal, Protocol, Union, runtime_checkable
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
+
+from twin.policies.prng import mix64, stable_hash_str
+from twin.policies.types import TIERS
+from twin.registry import Registry
+
+USER_RATE_LIMITED = "user_rate_limited"
+REQUEST_EXCEEDS_BURST = "request_exceeds_burst"
+TENANT_QUOTA_EXCEEDED = "tenant_quota_exceeded"
+REQUEST_EXCEEDS_QUOTA = "request_exceeds_quota"
+RETRY_BUDGET_EXHAUSTED = "retry_budget_exhausted"
+
+TOKEN_EPS = 1e-6
+"""Tokens of slack when comparing a refilled (float) bucket with a cost, so that retrying exactly
+``retry_after_s`` later succeeds despite float rounding. Negligible next to whole tokens."""
+TIME_EPS_S = 1e-9
+"""An entry of a sliding window leaves it once ``now_s - t_s >= window_s - TIME_EPS_S``."""
+_PRUNE_EVERY = 4096  # commits between sweeps that drop state equal to a fresh one
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionRequest:
+    """What the gateway knows about one attempt when it arrives.
+
+    ``attempt`` counts from 1 (the first attempt); ``is_retry`` is true exactly when ``attempt > 1``.
+    """
+
+    request_id: str
+    user_id: str
+    tenant: str
+    tier: str
+    prompt_tokens: int
+    expected_output_tokens: int
+    is_retry: bool
+    attempt: int
+
+    def __post_init__(self) -> None:
+        if self.tier not in TIERS:
+            raise ValueError(f"tier must be one of {TIERS}, got {self.tier!r}")
+        if self.prompt_tokens < 0 or self.expected_output_tokens < 0:
+            raise ValueError("token counts must be >= 0")
+        if self.attempt < 1:
+            raise ValueError(f"attempt counts from 1, got {self.attempt}")
+        if self.is_retry != (self.attempt > 1):
+            raise ValueError(f"is_retry={self.is_retry} contradicts attempt={self.attempt}")
+
+    @property
+    def total_tokens(self) -> int:
+        """Prompt plus expected output: what admission charges for the attempt."""
+        return self.prompt_tokens + self.expected_output_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionDecision:
+    """Admitted or not, why not, and after how many seconds (from ``now_s``) a retry can succeed.
+
+    ``retry_after_s`` is a delay, like HTTP ``Retry-After``: the earliest time the rejecting policy
+    would admit the same request if nothing else arrived meanwhile. None when admitted, or when waiting
+    cannot help (the request is larger than the bucket or quota, or nothing will ever refill).
+    """
+
+    admitted: bool
+    reason: str | None = None
+    retry_after_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.admitted and (self.reason is not None or self.retry_after_s is not None):
+            raise ValueError("an admitted decision carries no reason and no retry_after_s")
+        if not self.admitted and not self.reason:
+            raise ValueError("a rejection needs a reason")
+        if self.retry_after_s is not None and not self.retry_after_s >= 0.0:
+            raise ValueError(f"retry_after_s must be >= 0, got {self.retry_after_s}")
+
+
+ADMIT = AdmissionDecision(True)
+
+
+@runtime_checkable
+class AdmissionPolicy(Protocol):
+    """What an admission policy offers the gateway. ``on_completed`` is called once per admitted
+    request when it ends (any outcome) with the tokens it really used (prompt + generated)."""
+
+    def admit(self, req: AdmissionRequest, now_s: float) -> AdmissionDecision: ...
+
+    def on_completed(self, request_id: str, actual_tokens: int, now_s: float) -> None: ...
+
+
+class AdmissionParams(BaseModel):
+    """Base of every admission policy's params model: frozen, and a typo is an error."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    kind: str
+
+
+class BaseAdmission:
+    """Shared skeleton: params type check, the monotone clock guard and ``admit = check + commit``."""
+
+    Params: ClassVar[type[AdmissionParams]]
+
+    def __init__(self, params: AdmissionParams, *, seed: int) -> None:
+        if not isinstance(params, self.Params):
+            raise TypeError(f"{type(self).__name__} needs {self.Params.__name__}, got {type(params).__name__}")
+        self.params = params
+        self.seed = seed
+        self._now_s = -math.inf
+
+    def _tick(self, now_s: float) -> None:
+        if now_s < self._now_s:
+            raise ValueError(f"{type(self).__name__}: time went back from {self._now_s} to {now_s}")
+        self._now_s = now_s
+
+    def admit(self, req: AdmissionRequest, now_s: float) -> AdmissionDecision:
+        decision = self.check(req, now_s)
+        if decision.admitted:
+            self.commit(req, now_s)
+        return decision
+
+    def check(self, req: AdmissionRequest, now_s: float) -> AdmissionDecision:
+        """Decide without consuming anything (state may only advance with time)."""
+        self._tick(now_s)
+        return ADMIT
+
+    def commit(self, req: AdmissionRequest, now_s: float) -> None:
+        """Consume what an admitted ``req`` costs; call only after ``check`` admitted it at ``now_s``."""
+        self._tick(now_s)
+
+    def on_completed(self, request_id: str, actual_tokens: int, now_s: float) -> None:
+        """True-up hook; default: nothing. Unknown request ids are ignored."""
+        self._tick(now_s)
+
+
+ADMISSIONS: Registry[type[BaseAdmission]] = Registry("admission policy")
+
+
+# ------------------------------------------------------------------------------------------- allow all
+class AllowAllParams(AdmissionParams):
+    kind: Literal["allow_all"] = "allow_all"
+
+
+@ADMISSIONS.register("allow_all")
+class AllowAllAdmission(BaseAdmission):
+    """Admits every request; ``on_completed`` does nothing."""
+
+    Params = AllowAllParams
+
+
+# ---------------------------------------------------------------------------------------- token bucket
+class BucketLimits(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    tokens_per_s: float = Field(ge=0.0, description="refill rate (0: the burst is all a user ever gets)")
+    burst_tokens: float = Field(gt=0.0, description="bucket size; a new user starts with a full bucket")
+
+
+class TokenBucketParams(AdmissionParams):
+    kind: Literal["token_bucket"] = "token_bucket"
+    tokens_per_s: float = Field(2000.0, ge=0.0, description="refill rate per user")
+    burst_tokens: float = Field(64000.0, gt=0.0, description="bucket size per user")
+    tier_overrides: dict[Literal["free", "paid", "enterprise"], BucketLimits] = Field(
+        default_factory=dict, description="limits for users of these tiers instead of the defaults")
+    true_up: bool = Field(True, description="on completion, refund (or charge) actual - charged tokens")
+
+
+@dataclass(slots=True)
+class _Bucket:
+    level: float
+    t_s: float
+    tier: str
+
+
+@ADMISSIONS.register("token_bucket")
+class TokenBucketAdmission(BaseAdmission):
+    """One bucket per ``user_id`` holding up to ``burst_tokens``, refilled at ``tokens_per_s``.
+
+    An attempt costs prompt + expected output tokens and is admitted when the bucket holds that many.
+    A rejection's ``retry_after_s`` is ``(cost - level) / tokens_per_s``: exactly when the bucket will
+    hold enough. A cost above ``burst_tokens`` can never pass (``request_exceeds_burst``, no retry
+    time). Limits follow the attempt's tier (``tier_overrides``), so a user who changes tier keeps the
+    level, capped at the new burst. ``on_completed`` (``true_up``) adds back ``charged - actual``: a
+    refund when the reply was shorter than expected (capped at burst), a debt (negative level, which
+    delays the user's next attempts) when it was longer.
+    """
+
+    Params = TokenBucketParams
+    params: TokenBucketParams
+
+    def __init__(self, params: AdmissionParams, *, seed: int) -> None:
+        super().__init__(params, seed=seed)
+        self._buckets: dict[str, _Bucket] = {}
+        self._charged: dict[str, tuple[str, str, int]] = {}  # request_id -> (user_id, tier, tokens)
+        self._commits = 0
+
+    def limits(self, tier: str) -> tuple[float, float]:
+        """``(tokens_per_s, burst_tokens)`` for a tier."""
+        over = self.params.tier_overrides.get(tier)  # type: ignore[call-overload]
+        if over is not None:
+            return over.tokens_per_s, over.burst_tokens
+        return self.params.tokens_per_s, self.params.burst_tokens
+
+    def level(self, user_id: str, tier: str, now_s: float) -> float:
+        """Tokens in ``user_id``'s bucket at ``now_s`` (a new user's bucket is full)."""
+        rate, burst = self.limits(tier)
+        b = self._buckets.get(user_id)
+        if b is None:
+            return burst
+        return min(burst, b.level + (now_s - b.t_s) * rate)
+
+    def check(self, req: AdmissionRequest, now_s: float) -> AdmissionDecision:
+        self._tick(now_s)
+        rate, burst = self.limits(req.tier)
+        cost = req.total_tokens
+        if cost > burst:
+            return AdmissionDecision(False, REQUEST_EXCEEDS_BURST)
+        level = self.level(req.user_id, req.tier, now_s)
+        if level + TOKEN_EPS >= cost:
+            return ADMIT
+        return AdmissionDecision(False, USER_RATE_LIMITED, (cost - level) / rate if rate > 0 else None)
+
+    def commit(self, req: AdmissionRequest, now_s: float) -> None:
+        self._tick(now_s)
+        self._set(req.user_id, req.tier, self.level(req.user_id, req.tier, now_s) - req.total_tokens, now_s)
+        if self.params.true_up:
+            self._charged[req.request_id] = (req.user_id, req.tier, req.total_tokens)
+        self._commits += 1
+        if self._commits % _PRUNE_EVERY == 0:
+            self._prune(now_s)
+
+    def on_completed(self, request_id: str, actual_tokens: int, now_s: float) -> None:
+        self._tick(now_s)
+        charged = self._charged.pop(request_id, None)
+        if charged is None:
+            return
+        user_id, tier, tokens = charged
+        _, burst = self.limits(tier)
+        self._set(user_id, tier, min(burst, self.level(user_id, tier, now_s) + tokens - actual_tokens), now_s)
+
+    def _set(self, user_id: str, tier: str, level: float, now_s: float) -> None:
+        b = self._buckets.get(user_id)
+        if b is None:
+            self._buckets[user_id] = _Bucket(level, now_s, tier)
+        else:
+            b.level, b.t_s, b.tier = level, now_s, tier
+
+    def _prune(self, now_s: float) -> None:
+        """Forget buckets that are full again under their last tier's limits: such a bucket is the same
+        as a fresh one (except that a user coming back on a bigger tier then starts full)."""
+        full = [u for u, b in self._buckets.items() if self.level(u, b.tier, now_s) >= self.limits(b.tier)[1]]
+        for user_id in full:
+            del self._buckets[user_id]
+
+
+# ---------------------------------------------------------------------------------------- tenant quota
+class TenantQuotaParams(AdmissionParams):
+    kind: Literal["tenant_quota"] = "tenant_quota"
+    tokens_per_minute: int = Field(1_000_000, ge=1, description="per tenant, over a sliding 60 s window")
+    tenant_overrides: dict[str, int] = Field(default_factory=dict, description="tenant -> tokens per minute")
+    true_up: bool = Field(True, description="on completion, count actual tokens instead of the charge")
+
+    @model_validator(mode="after")
+    def _positive(self) -> TenantQuotaParams:
+        bad = sorted(t for t, v in self.tenant_overrides.items() if v < 1)
+        if bad:
+            raise ValueError(f"tenant_overrides must be >= 1 tokens per minute: {bad}")
+        return self
+
+
+@dataclass(slots=True)
+class _Entry:
+    t_s: float
+    tokens: int
+    tenant: str
+    request_id: str
+
+
+@dataclass(slots=True)
+class _Window:
+    log: deque[_Entry]
+    used: int
+
+
+@ADMISSIONS.register("tenant_quota")
+class TenantQuotaAdmission(BaseAdmission):
+    """Per-tenant tokens per minute over a **sliding** 60 s window (a log of admitted attempts).
+
+    Sliding rather than fixed so a tenant cannot pass twice its quota across a minute boundary. An
+    attempt is admitted when the tokens its tenant was charged in ``(now_s - 60, now_s]`` plus its own
+    cost fit the quota. A rejection's ``retry_after_s`` is when enough of the oldest entries will have
+    left the window (an entry charged at ``t`` leaves at ``t + 60``). A cost above the quota can never
+    pass (``request_exceeds_quota``). ``on_completed`` (``true_up``) replaces the entry's charge with the
+    actual tokens, at its original time, if it is still in the window.
+    """
+
+    Params = TenantQuotaParams
+    params: TenantQuotaParams
+    window_s: ClassVar[float] = 60.0
+
+    def __init__(self, params: AdmissionParams, *, seed: int) -> None:
+        super().__init__(params, seed=seed)
+        self._windows: dict[str, _Window] = {}
+        self._entries: dict[str, _Entry] = {}
+        self._commits = 0
+
+    def quota(self, tenant: str) -> int:
+        return self.params.tenant_overrides.get(tenant, self.params.tokens_per_minute)
+
+    def used(self, tenant: str, now_s: float) -> int:
+        """Tokens charged to ``tenant`` in the window ending at ``now_s``."""
+        w = self._expire(tenant, now_s)
+        return 0 if w is None else w.used
+
+    def check(self, req: AdmissionRequest, now_s: float) -> AdmissionDecision:
+        self._tick(now_s)
+        quota, cost = self.quota(req.tenant), req.total_tokens
+        if cost > quota:
+            return AdmissionDecision(False, REQUEST_EXCEEDS_QUOTA)
+        w = self._expire(req.tenant, now_s)
+        if w is None or w.used + cost <= quota:
+            return ADMIT
+        need, freed = w.used + cost - quota, 0
+        for e in w.log:
+            freed += e.tokens
+            if freed >= need:
+                return AdmissionDecision(False, TENANT_QUOTA_EXCEEDED, max(0.0, e.t_s + self.window_s - now_s))
+        raise AssertionError("a cost within quota always fits an empty window")  # pragma: no cover
+
+    def commit(self, req: AdmissionRequest, now_s: float) -> None:
+        self._tick(now_s)
+        w = self._expire(req.tenant, now_s) or self._windows.setdefault(req.tenant, _Window(deque(), 0))
+        entry = _Entry(now_s, req.total_tokens, req.tenant, req.request_id)
+        w.log.append(entry)
+        w.used += entry.tokens
+        if self.params.true_up:
+            self._entries[req.request_id] = entry
+        self._commits += 1
+        if self._commits % _PRUNE_EVERY == 0:
+            for tenant in list(self._windows):
+                self._expire(tenant, now_s)
+
+    def on_completed(self, request_id: str, actual_tokens: int, now_s: float) -> None:
+        self._tick(now_s)
+        entry = self._entries.pop(request_id, None)
+        if entry is None:
+            return
+        w = self._windows[entry.tenant]
+        w.used += actual_tokens - entry.tokens
+        entry.tokens = actual_tokens
+
+    def _expire(self, tenant: str, now_s: float) -> _Window | None:
+        w = self._windows.get(tenant)
+        if w is None:
+            return None
+        while w.log and now_s - w.log[0].t_s >= self.window_s - TIME_EPS_S:
+            e = w.log.popleft()
+            w.used -= e.tokens
+            if self._entries.get(e.request_id) is e:
+                del self._entries[e.request_id]
+        if not w.log:
+            del self._windows[tenant]
+            return None
+        return w
+
+
+# ---------------------------------------------------------------------------------------- retry budget
+class RetryBudgetParams(AdmissionParams):
+    kind: Literal["retry_budget"] = "retry_budget"
+    ratio: float = Field(0.2, ge=0.0, description="retries allowed per first attempt in the window")
+    min_retries_per_window: int = Field(10, ge=0, description="retries allowed in any window regardless")
+    window_s: float = Field(10.0, gt=0.0, description="sliding window length")
+    scope: Literal["global", "tenant", "user"] = Field("global", description="one budget per gateway, "
+                                                       "tenant or user")
+
+
+@ADMISSIONS.register("retry_budget")
+class RetryBudgetAdmission(BaseAdmission):
+    """A Finagle / Envoy style retry budget: first attempts always pass and deposit; a retry passes
+    only while, counting it, retries in the sliding window stay within ``min_retries_per_window +
+    ratio * first_attempts`` in that window. So under an outage retries add at most ``ratio`` load
+    (plus the floor) instead of multiplying it. Only admitted attempts count. A rejection's
+    ``retry_after_s`` is when, as old attempts leave the window and nothing new arrives, a retry would
+    fit (None when it never would: a zero floor with no first attempts). ``on_completed`` does nothing.
+    """
+
+    Params = RetryBudgetParams
+    params: RetryBudgetParams
+
+    def __init__(self, params: AdmissionParams, *, seed: int) -> None:
+        super().__init__(params, seed=seed)
+        self._firsts: dict[str, deque[float]] = {}
+        self._retries: dict[str, deque[float]] = {}
+        self._commits = 0
+
+    def _key(self, req: AdmissionRequest) -> str:
+        return {"global": "", "tenant": req.tenant, "user": req.user_id}[self.params.scope]
+
+    def _fits(self, retries: int, firsts: int) -> bool:
+        return retries + 1 <= self.params.min_retries_per_window + self.params.ratio * firsts + 1e-9
+
+    def counts(self, key: str, now_s: float) -> tuple[int, int]:
+        """``(first_attempts, retries)`` in the window ending at ``now_s`` for a scope key."""
+        firsts, retries = self._expire(key, now_s)
+        return len(firsts), len(retries)
+
+    def check(self, req: AdmissionRequest, now_s: float) -> AdmissionDecision:
+        self._tick(now_s)
+        if not req.is_retry:
+            return ADMIT
+        firsts, retries = self._expire(self._key(req), now_s)
+        if self._fits(len(retries), len(firsts)):
+            return ADMIT
+        w = self.params.window_s
+        nf, nr, i, j = len(firsts), len(retries), 0, 0
+        while i < len(firsts) or j < len(retries):  # replay expiries in time order
+            t = min(firsts[i] if i < len(firsts) else math.inf, retries[j] if j < len(retries) else math.inf)
+            while i < len(firsts) and firsts[i] <= t:
+                i, nf = i + 1, nf - 1
+            while j < len(retries) and retries[j] <= t:
+                j, nr = j + 1, nr - 1
+            if self._fits(nr, nf):
+                return AdmissionDecision(False, RETRY_BUDGET_EXHAUSTED, max(0.0, t + w - now_s))
+        return AdmissionDecision(False, RETRY_BUDGET_EXHAUSTED)
+
+    def commit(self, req: AdmissionRequest, now_s: float) -> None:
+        self._tick(now_s)
+        key = self._key(req)
+        store = self._retries if req.is_retry else self._firsts
+        store.setdefault(key, deque()).append(now_s)
+        self._commits += 1
+        if self._commits % _PRUNE_EVERY == 0:
+            for k in sorted(set(self._firsts) | set(self._retries)):
+                self._expire(k, now_s)
+
+    def _expire(self, key: str, now_s: float) -> tuple[deque[float], deque[float]]:
+        edge = self.params.window_s - TIME_EPS_S
+        out = []
+        for store in (self._firsts, self._retries):
+            q = store.get(key)
+            while q and now_s - q[0] >= edge:
+                q.popleft()
+            if q is not None and not q:
+                del store[key]
+            out.append(q or deque())
+        return out[0], out[1]
+
+
+# ------------------------------------------------------------------------------------------- composite
+class CompositeParams(AdmissionParams):
+    kind: Literal["composite"] = "composite"
+    policies: list[AdmissionConfig] = Field(min_length=1, description="applied in order; first rejection wins")
+
+
+@ADMISSIONS.register("composite")
+class CompositeAdmission(BaseAdmission):
+    """Children checked in order; the first rejection is the decision (its reason and retry time) and
+    nothing is committed anywhere; when all admit, all commit. ``on_completed`` goes to every child."""
+
+    Params = CompositeParams
+    params: CompositeParams
+
+    def __init__(self, params: AdmissionParams, *, seed: int) -> None:
+        super().__init__(params, seed=seed)
+        self.children = [build_admission(p, seed=mix64(seed ^ stable_hash_str(f"composite.{i}")))
+                         for i, p in enumerate(self.params.policies)]
+
+    def check(self, req: AdmissionRequest, now_s: float) -> AdmissionDecision:
+        self._tick(now_s)
+        for child in self.children:
+            decision = child.check(req, now_s)
+            if not decision.admitted:
+                return decision
+        return ADMIT
+
+    def commit(self, req: AdmissionRequest, now_s: float) -> None:
+        self._tick(now_s)
+        for child in self.children:
+            child.commit(req, now_s)
+
+    def on_completed(self, request_id: str, actual_tokens: int, now_s: float) -> None:
+        self._tick(now_s)
+        for child in self.children:
+            child.on_completed(request_id, actual_tokens, now_s)
+
+
+# ---------------------------------------------------------------------------------------------- config
+def _check_kind(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        if "kind" not in value:
+            raise ValueError(f"an admission policy needs a 'kind' (known: {', '.join(ADMISSIONS.keys())})")
+        if value["kind"] not in ADMISSIONS:
+            raise ValueError(ADMISSIONS.unknown_message(str(value["kind"])))
+    return value
+
+
+_PARAMS: tuple[type[AdmissionParams], ...] = tuple(ADMISSIONS.get(k).Params for k in ADMISSIONS.keys())
+
+AdmissionConfig = Annotated[
+    Union[_PARAMS],  # type: ignore[valid-type]  # noqa: UP007  (built from the registry)
+    Field(discriminator="kind"),
+    BeforeValidator(_check_kind),
+]
+"""Embed as a field type in the scenario schema: ``admission: AdmissionConfig``."""
+
+CompositeParams.model_rebuild(_types_namespace={"AdmissionConfig": AdmissionConfig})
+
+ADMISSION_CONFIG: TypeAdapter[AdmissionParams] = TypeAdapter(AdmissionConfig,
+                                                             config=ConfigDict(title="AdmissionConfig"))
+
+
+def parse_admission_config(config: Mapping[str, Any] | AdmissionParams) -> AdmissionParams:
+    """Validate a ``{kind: <key>, ...params}`` mapping into its frozen params model."""
+    if isinstance(config, AdmissionParams):
+        return config
+    return ADMISSION_CONFIG.validate_python(config)
+
+
+def build_admission(config: Mapping[str, Any] | AdmissionParams, *, seed: int) -> BaseAdmission:
+    """A fresh admission policy from its config (``seed`` is passed on; no built-in policy is random)."""
+    params = parse_admission_config(config)
+    return ADMISSIONS.get(params.kind)(params, seed=seed)
