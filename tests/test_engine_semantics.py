@@ -159,7 +159,7 @@ def test_freed_blocks_go_tail_if_hashed_and_head_if_not():
     s = e.schedule(0.0)
     held = list(r.blocks)
     e.complete(s, 1.0)
-    order = list(e.kv.free)
+    order = e.kv.free_order()
     assert order[0] == held[2]  # unhashed partial block is reused first
     assert order[-2:] == [held[1], held[0]]  # hashed blocks at the tail, tail block first
 

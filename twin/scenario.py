@@ -14,6 +14,9 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from twin.engine_settings import EngineSettings
+from twin.fleet_config import FleetSection
+
 
 class ScenarioError(ValueError):
     """A scenario that cannot be run, with a message fit for a user."""
@@ -112,30 +115,6 @@ Workload = Annotated[SyntheticWorkload, Field(discriminator="kind")]
 
 
 # ---- the replica ----------------------------------------------------------------------------------
-class EngineSettings(_Model):
-    """vLLM scheduler/cache knobs, with vLLM 0.33's GPU server defaults on H100-class GPUs."""
-
-    block_size: PosInt = 16
-    num_gpu_blocks: PosInt | None = None  # None: derived from the profile's memory, as vLLM derives it
-    gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] = 0.92
-    max_num_batched_tokens: PosInt = 8192
-    max_num_seqs: PosInt = 1024
-    max_model_len: PosInt = 32768
-    enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = True
-    long_prefill_token_threshold: Annotated[int, Field(ge=0)] = 0
-    long_prefill_token_threshold_adaptive: bool = False
-    policy: Literal["fcfs", "priority"] = "fcfs"
-    scheduler_reserve_full_isl: bool = True
-    watermark: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
-
-    @model_validator(mode="after")
-    def _consistent(self) -> EngineSettings:
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
-            raise ValueError("with enable_chunked_prefill false, max_num_batched_tokens must be >= max_model_len")
-        return self
-
-
 class ProfileStepTime(_Model):
     kind: Literal["profile"] = "profile"
     profile: str = "llama3-70b-fp8-tp4-h100"
@@ -179,14 +158,23 @@ class OutputConfig(_Model):
 
 
 class Scenario(_Model):
+    """One simulated world: a single replica fed by ``workload``, or a whole ``fleet``."""
+
     name: str
     description: str = ""
     seed: Annotated[int, Field(ge=0)] = 0
     horizon_s: PosFloat | None = None  # stop the clock here; None: run until every request ends
-    workload: Workload
+    workload: Workload | None = None
     replica: ReplicaConfig = ReplicaConfig()
+    fleet: FleetSection | None = None
     slo: SloConfig = SloConfig()
     output: OutputConfig = OutputConfig()
+
+    @model_validator(mode="after")
+    def _one_world(self) -> Scenario:
+        if (self.workload is None) == (self.fleet is None):
+            raise ValueError("give exactly one of 'workload' (a single replica) or 'fleet'")
+        return self
 
 
 # ---- loading ----------------------------------------------------------------------------------------

@@ -394,6 +394,9 @@ class Engine:
             by_len = mml - r.seq.num_tokens
             if by_len < rem:
                 rem = by_len
+            w = r.watch_output
+            if w is not None and r.num_output < w < r.num_output + rem:
+                rem = w - r.num_output
             if rem < k:
                 k = rem
         if k <= 1:

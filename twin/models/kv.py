@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 class BlockPool:
     __slots__ = (
-        "num_blocks", "block_size", "caching", "ref", "bhash", "free", "cached", "dups",
+        "num_blocks", "block_size", "caching", "ref", "bhash", "head", "tail", "fresh", "cached", "dups",
         "max_model_len",
     )
 
@@ -37,7 +37,12 @@ class BlockPool:
         self.max_model_len = max_model_len
         self.ref = [0] * num_blocks
         self.bhash: list[int | None] = [None] * num_blocks
-        self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_blocks))
+        # The free queue is head + [fresh, num_blocks) + tail: blocks never used yet sit in the middle in id
+        # order (vLLM's initial order) without being materialised; freed unhashed blocks go to the head,
+        # freed hashed blocks to the tail.
+        self.head: OrderedDict[int, None] = OrderedDict()
+        self.tail: OrderedDict[int, None] = OrderedDict()
+        self.fresh = 1
         self.cached: dict[int, int] = {}  # hash -> earliest block holding it
         self.dups: dict[int, list[int]] = {}  # hash -> later duplicate blocks
 
@@ -48,11 +53,21 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        return len(self.free)
+        return len(self.head) + (self.num_blocks - self.fresh) + len(self.tail)
 
     def usage(self) -> float:
         """``vllm:kv_cache_usage_perc``: blocks referenced by live requests (cached-free ones excluded)."""
-        return 1.0 - len(self.free) / (self.num_blocks - 1)
+        return 1.0 - self.num_free / (self.num_blocks - 1)
+
+    def free_order(self) -> list[int]:
+        """The free queue, head first (for tests)."""
+        return [*self.head, *range(self.fresh, self.num_blocks), *self.tail]
+
+    def _remove_free(self, b: int) -> None:
+        if b in self.tail:
+            del self.tail[b]
+        else:
+            del self.head[b]
 
     # ---- lookup -------------------------------------------------------------------------------
     def find_hit(self, req: EngineRequest) -> list[int]:
@@ -74,9 +89,16 @@ class BlockPool:
 
     # ---- allocation ---------------------------------------------------------------------------
     def _pop_free(self, n: int, out: list[int]) -> None:
-        free, bhash, cached, ref = self.free, self.bhash, self.cached, self.ref
+        head, tail, bhash, ref = self.head, self.tail, self.bhash, self.ref
+        nb = self.num_blocks
         for _ in range(n):
-            b, _ = free.popitem(last=False)
+            if head:
+                b, _ = head.popitem(last=False)
+            elif self.fresh < nb:
+                b = self.fresh
+                self.fresh += 1
+            else:
+                b, _ = tail.popitem(last=False)
             h = bhash[b]
             if h is not None:  # evict
                 self._uncache(b, h)
@@ -112,7 +134,7 @@ class BlockPool:
         for b in hits:
             if ref[b] == 0:
                 evictable += 1
-        free = len(self.free)
+        free = self.num_free
         if full_isl:
             whole = min(req.seq.num_tokens, self.max_model_len)
             if -(-whole // bs) - nh + evictable + watermark_blocks > free:
@@ -122,10 +144,9 @@ class BlockPool:
         if new + evictable + watermark_blocks > free:
             return False
         blocks = req.blocks
-        freeq = self.free
         for b in hits:
             if ref[b] == 0:
-                del freeq[b]
+                self._remove_free(b)
             ref[b] += 1
             blocks.append(b)
         req.num_cached_blocks = nh
@@ -140,7 +161,7 @@ class BlockPool:
         need = -(-min(req.num_computed + n, self.max_model_len) // bs)
         new = need - len(req.blocks)
         if new > 0:
-            if new > len(self.free):
+            if new > self.num_free:
                 return False
             self._pop_free(new, req.blocks)
         self._cache(req, req.num_computed + n)
@@ -172,22 +193,26 @@ class BlockPool:
 
     def release(self, req: EngineRequest) -> None:
         """Free a finished or preempted request's blocks, tail first."""
-        ref, bhash, free = self.ref, self.bhash, self.free
+        ref, bhash, head, tail = self.ref, self.bhash, self.head, self.tail
         for b in reversed(req.blocks):
             r = ref[b] - 1
             ref[b] = r
             if r == 0:
-                free[b] = None
                 if bhash[b] is None:
-                    free.move_to_end(b, last=False)
+                    head[b] = None
+                    head.move_to_end(b, last=False)
+                else:
+                    tail[b] = None
         req.blocks = []
         req.num_cached_blocks = 0
 
     def check_invariants(self) -> None:
         """For tests: ref counts, free queue and hash map agree; nothing leaks."""
+        free = set(self.free_order())
+        assert len(free) == self.num_free, "a block is in the free queue twice"
         for b in range(1, self.num_blocks):
             assert self.ref[b] >= 0, f"negative ref on block {b}"
-            assert (self.ref[b] == 0) == (b in self.free), f"block {b}: ref {self.ref[b]} vs free queue"
+            assert (self.ref[b] == 0) == (b in free), f"block {b}: ref {self.ref[b]} vs free queue"
         for h, b in self.cached.items():
             assert self.bhash[b] == h
-        assert 0 not in self.free
+        assert 0 not in free

@@ -30,6 +30,7 @@ class Replica:
         recorder: Recorder,
         max_decode_run_steps: int = 512,
         on_finished: Callable[[EngineRequest], None] | None = None,
+        event_prefix: str = "request",
     ) -> None:
         self.env = env
         self.scope = scope
@@ -39,6 +40,9 @@ class Replica:
         self.rec = recorder
         self.max_run = max(1, max_decode_run_steps)
         self.on_finished = on_finished
+        p = event_prefix
+        self._k_queued, self._k_cancelled, self._k_preempted = f"{p}.queued", f"{p}.cancelled", f"{p}.preempted"
+        self._k_scheduled, self._k_first, self._k_finished = f"{p}.scheduled", f"{p}.first_token", f"{p}.finished"
         self.speed_factor = 1.0  # step times are multiplied by this (1.0 healthy; 2.0 = half speed)
         self.healthy = True
         self._wake: simpy.Event = env.event()
@@ -56,7 +60,7 @@ class Replica:
     # ---- inputs --------------------------------------------------------------------------------
     def submit(self, req: EngineRequest) -> None:
         self.engine.add(req)
-        self.rec.event(self.env.now, "request.queued", self.scope, req.request_id, float(req.prompt_tokens))
+        self.rec.event(self.env.now, self._k_queued, self.scope, req.request_id, float(req.prompt_tokens))
         self._levels()
         self._poke()
 
@@ -134,7 +138,7 @@ class Replica:
         now = self.env.now
         for req, reason in self._pending_aborts:
             if self.engine.abort(req, now, "abort"):
-                self.rec.event(now, "request.cancelled", self.scope, req.request_id, float(req.num_output), reason)
+                self.rec.event(now, self._k_cancelled, self.scope, req.request_id, float(req.num_output), reason)
                 if self.on_finished is not None:
                     self.on_finished(req)
         self._pending_aborts.clear()
@@ -144,10 +148,10 @@ class Replica:
         now = self.env.now
         rec = self.rec
         for r in step.preempted:
-            rec.event(now, "request.preempted", self.scope, r.request_id, float(r.num_output))
+            rec.event(now, self._k_preempted, self.scope, r.request_id, float(r.num_output))
         for r in step.admitted:
             if r.num_preemptions == 0:
-                rec.event(now, "request.scheduled", self.scope, r.request_id, float(r.num_cached_tokens or 0))
+                rec.event(now, self._k_scheduled, self.scope, r.request_id, float(r.num_cached_tokens or 0))
 
     def _note_complete(self, step: Step, finished: list[EngineRequest]) -> None:
         now = self.env.now
@@ -155,9 +159,9 @@ class Replica:
         if step.shape.prefill_requests:
             for r in step.reqs:
                 if r.num_output == 1 and r.first_token_s == now:
-                    rec.event(now, "request.first_token", self.scope, r.request_id)
+                    rec.event(now, self._k_first, self.scope, r.request_id)
         for r in finished:
-            rec.event(now, "request.finished", self.scope, r.request_id, float(r.num_output), r.finished_reason)
+            rec.event(now, self._k_finished, self.scope, r.request_id, float(r.num_output), r.finished_reason)
             if self.on_finished is not None:
                 self.on_finished(r)
         self._levels()

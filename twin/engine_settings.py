@@ -1,0 +1,37 @@
+"""vLLM scheduler/cache knobs of one replica (shared by the single-replica and fleet scenario sections)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+PosInt = Annotated[int, Field(gt=0)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class EngineSettings(_Model):
+    """vLLM scheduler/cache knobs, with vLLM 0.33's GPU server defaults on H100-class GPUs."""
+
+    block_size: PosInt = 16
+    num_gpu_blocks: PosInt | None = None  # None: derived from the profile's memory, as vLLM derives it
+    gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] = 0.92
+    max_num_batched_tokens: PosInt = 8192
+    max_num_seqs: PosInt = 1024
+    max_model_len: PosInt = 32768
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    long_prefill_token_threshold: Annotated[int, Field(ge=0)] = 0
+    long_prefill_token_threshold_adaptive: bool = False
+    policy: Literal["fcfs", "priority"] = "fcfs"
+    scheduler_reserve_full_isl: bool = True
+    watermark: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
+
+    @model_validator(mode="after")
+    def _consistent(self) -> EngineSettings:
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError("with enable_chunked_prefill false, max_num_batched_tokens must be >= max_model_len")
+        return self
