@@ -22,6 +22,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "calibrate": ("twin.commands.calibrate", "fit an engine profile's step times from recorded real-engine runs"),
     "fidelity": ("twin.commands.fidelity", "the twin's error on recorded runs, item by item, with tolerances"),
     "capacity": ("twin.commands.capacity", "back-of-envelope fleet size and cost from the capacity model"),
+    "emulate": ("twin.commands.emulate", "serve one emulated replica (twin engine + profile) with an OpenAI API"),
+    "router": ("twin.commands.router", "OpenAI-compatible router over vLLM servers using a twin routing policy"),
 }
 
 
