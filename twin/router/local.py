@@ -72,3 +72,35 @@ class LocalServers:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(10.0)
             self.loop.close()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class LocalFleet:
+    """``n`` emulated replicas and one router in front of them, all in one :class:`LocalServers` loop."""
+
+    def __init__(self, *, n: int, policy: dict[str, Any], keys: Any, config: Any = None, profile: str,
+                 engine_overrides: dict[str, Any] | None = None, time_scale: float = 1.0) -> None:
+        from twin.router.emulator import build_emulator
+        from twin.router.service import RouterService
+
+        self.servers = LocalServers()
+        try:
+            self.emulators = [build_emulator(profile=profile, engine_overrides=engine_overrides, time_scale=time_scale)
+                              for _ in range(n)]
+            self.emulator_ports = [self.servers.start(e.app()) for e in self.emulators]
+            self.router = RouterService(policy=policy, keys=keys, config=config,
+                                        upstreams=[f"http://127.0.0.1:{p}" for p in self.emulator_ports])
+            self.router_port = self.servers.start(self.router.app())
+        except BaseException:
+            self.servers.close()
+            raise
+
+    def close(self) -> None:
+        self.servers.close()
