@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -228,3 +230,11 @@ def test_bad_config_names_the_field():
     with pytest.raises(ValidationError) as exc:
         TraceWorkload.model_validate({"trace": "ragpulse", "rate_multipler": 2.0})
     assert exc.value.errors()[0]["type"] == "extra_forbidden"
+
+
+def test_import_stays_below_the_scenario_layer():
+    """twin.scenario may import TraceWorkload from here: this module must not import it back."""
+    code = ("import sys, twin.models.traces; "
+            "print(sorted(m for m in ('twin.scenario', 'twin.models.workload', 'simpy', 'pandas') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
