@@ -30,6 +30,7 @@ TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.
                   20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # vLLM's time_to_first_token_seconds buckets
 DEFAULT_VOCAB_SIZE = 32000
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+MAX_LAG_S = 0.05
 
 
 def output_token_id(position: int, vocab_size: int) -> int:
@@ -93,21 +94,27 @@ class EmulatedReplica:
     async def run(self) -> None:
         eng = self.engine
         self._wake = wake = asyncio.Event()
+        prev_end: float | None = None  # when the previous step was due to end, while the engine stays busy
         while True:
             self._apply_aborts()
             if not eng.has_work:
                 wake.clear()
                 await wake.wait()
+                prev_end = None
                 continue
-            t_start = self.now_s()
+            now = self.now_s()
+            # Back-to-back steps follow the profile's clock, not the sleeps' overshoot (which would add up),
+            # unless the loop fell far behind (an overloaded host): then it restarts from now.
+            t_start = prev_end if prev_end is not None and now - prev_end < MAX_LAG_S else now
             step = eng.schedule(t_start)
             if step is None:  # the head request can never fit the KV pool: fail it instead of spinning
                 head = eng.waiting.peek()
-                eng.abort(head, t_start, "abort")
+                eng.abort(head, now, "abort")
                 continue
             d = self.step_model.step_time_s(step.shape) * self.time_scale
-            await asyncio.sleep(max(0.0, t_start + d - self.now_s()))
-            eng.complete(step, self.now_s())
+            prev_end = t_start + d
+            await asyncio.sleep(max(0.0, prev_end - self.now_s()))
+            eng.complete(step, prev_end)
             self.num_steps += 1
 
     def _apply_aborts(self) -> None:
