@@ -57,8 +57,16 @@ def iterations_table(rec: Recorder) -> pa.Table:
     return pa.table(cols)
 
 
-def requests_table(events: pa.Table, token_times: dict[str, list[float]] | None = None) -> pa.Table:
-    """One row per request from the event table (a pure function of it)."""
+ATTR_COLUMNS = ("tier", "tenant", "klass", "region")
+
+
+def requests_table(events: pa.Table, token_times: dict[str, list[float]] | None = None,
+                   attrs: dict[str, tuple] | None = None) -> pa.Table:
+    """One row per request from the event table (a pure function of it, plus per-request attributes).
+
+    Only ``request.*`` events count: in a fleet, a request is a user's turn, and the engine-level
+    ``generation.*`` events are kept in the event table for drill-down.
+    """
     kinds = events.column("kind").to_pylist()
     rids = events.column("request_id").to_pylist()
     ts = events.column("t_s").to_pylist()
@@ -67,7 +75,7 @@ def requests_table(events: pa.Table, token_times: dict[str, list[float]] | None 
     scopes = events.column("scope").to_pylist()
     rows: dict[str, dict[str, Any]] = {}
     for kind, rid, t, v, reason, scope in zip(kinds, rids, ts, vals, reasons, scopes):
-        if rid is None:
+        if rid is None or not kind.startswith("request."):
             continue
         row = rows.get(rid)
         if row is None:
@@ -78,10 +86,15 @@ def requests_table(events: pa.Table, token_times: dict[str, list[float]] | None 
         if kind == "request.arrived":
             row["arrival_s"] = t
             row["prompt_tokens"] = int(v)
-        elif kind == "request.scheduled":
+        elif kind in ("request.scheduled", "request.dispatched"):
+            if row["queue_s"] == row["queue_s"]:  # already set (first scheduling only)
+                continue
             row["queue_s"] = t - row["arrival_s"]
-            row["num_cached_tokens"] = int(v)
-            row["scope"] = scope
+            if v is not None:
+                row["num_cached_tokens"] = int(v)
+            row["scope"] = scope if kind == "request.scheduled" else reason
+        elif kind == "request.retried":
+            row["retries"] = row.get("retries", 0) + 1
         elif kind == "request.first_token":
             row["first_token_s"] = t
         elif kind == "request.preempted":
@@ -117,6 +130,11 @@ def requests_table(events: pa.Table, token_times: dict[str, list[float]] | None 
         "outcome": pa.array([r["outcome"] for r in ordered], pa.string()),
         "reason": pa.array([r["reason"] for r in ordered], pa.string()),
     }
+    cols["retries"] = pa.array([r.get("retries", 0) for r in ordered], pa.int64())
+    if attrs is not None:
+        for j, name in enumerate(ATTR_COLUMNS):
+            cols[name] = pa.array([attrs.get(r["request_id"], (None,) * len(ATTR_COLUMNS))[j] for r in ordered],
+                                  pa.string())
     if token_times is not None:
         cols["token_times_s"] = pa.array(
             [[t - r["arrival_s"] for t in token_times.get(r["request_id"], [])] for r in ordered],

@@ -170,32 +170,55 @@ def make_manifest(scenario: Scenario, *, seed: int, replication: int, wall_s: fl
 
 def run_scenario(scenario: Scenario, *, seed: int | None = None, replication: int = 0,
                  specs: list[RequestSpec] | None = None, step_model: StepTimeModel | None = None) -> RunResult:
+    """Run one scenario (a single replica or a fleet) and tabulate it. Failures land in the manifest."""
     seed = scenario.seed if seed is None else seed
     result = RunResult(scenario=scenario, seed=seed, replication=replication)
     t0 = time.perf_counter()
     try:
-        world = SingleReplicaRun(scenario, seed=seed, replication=replication, specs=specs, step_model=step_model)
-        world.run(scenario.horizon_s)
-        end = world.env.now
-        world.rec.close_levels(end)
-        events = events_table(world.rec)
-        reqs = requests_table(events, world.token_times if scenario.output.record_token_times else None)
-        result.tables = {"events": events, "levels": levels_table(world.rec), "requests": reqs}
-        if scenario.output.record_iterations:
-            result.tables["iterations"] = iterations_table(world.rec)
-        means = world.rec.level_means(end)
-        kv_means = [v for (scope, metric), v in means.items() if metric == "kv_usage"]
-        wall = time.perf_counter() - t0
-        result.summary = summarize(
-            requests=reqs, itl_values=world.engine.itl_values, itl_weights=world.engine.itl_weights,
-            counters=world.counters(), kv_usage_mean=sum(kv_means) / len(kv_means) if kv_means else 0.0,
-            sim_time_s=end, wall_s=wall, slo_ttft_s=scenario.slo.ttft_s, slo_itl_s=scenario.slo.itl_s)
-        result.summary["num_gpu_blocks"] = world.cfg.num_gpu_blocks
-        result.manifest = make_manifest(scenario, seed=seed, replication=replication, wall_s=wall, exception=None)
-        result.world = world
+        if scenario.fleet is not None:
+            _run_fleet(scenario, seed, replication, result, t0)
+        else:
+            _run_single(scenario, seed, replication, result, t0, specs, step_model)
+        result.manifest = make_manifest(scenario, seed=seed, replication=replication,
+                                        wall_s=result.summary["wall_s"], exception=None)
     except Exception as exc:  # noqa: BLE001 - the manifest records any failure
         wall = time.perf_counter() - t0
         result.manifest = make_manifest(scenario, seed=seed, replication=replication, wall_s=wall,
                                         exception="".join(traceback.format_exception_only(exc)).strip())
         result.manifest["traceback"] = traceback.format_exc()
     return result
+
+
+def _run_single(scenario, seed, replication, result, t0, specs, step_model) -> None:
+    world = SingleReplicaRun(scenario, seed=seed, replication=replication, specs=specs, step_model=step_model)
+    world.run(scenario.horizon_s)
+    end = world.env.now
+    world.rec.close_levels(end)
+    events = events_table(world.rec)
+    reqs = requests_table(events, world.token_times if scenario.output.record_token_times else None)
+    result.tables = {"events": events, "levels": levels_table(world.rec), "requests": reqs}
+    if scenario.output.record_iterations:
+        result.tables["iterations"] = iterations_table(world.rec)
+    means = world.rec.level_means(end)
+    kv_means = [v for (scope, metric), v in means.items() if metric == "kv_usage"]
+    result.summary = summarize(
+        requests=reqs, itl_values=world.engine.itl_values, itl_weights=world.engine.itl_weights,
+        counters=world.counters(), kv_usage_mean=sum(kv_means) / len(kv_means) if kv_means else 0.0,
+        sim_time_s=end, wall_s=time.perf_counter() - t0, slo_ttft_s=scenario.slo.ttft_s, slo_itl_s=scenario.slo.itl_s)
+    result.summary["num_gpu_blocks"] = world.cfg.num_gpu_blocks
+    result.world = world
+
+
+def _run_fleet(scenario, seed, replication, result, t0) -> None:
+    from twin.fleet_summary import fleet_summary
+    from twin.models.fleet import FleetWorld
+
+    world = FleetWorld(scenario, seed=seed, replication=replication)
+    world.run(scenario.horizon_s)
+    end = world.env.now
+    world.rec.close_levels(end)
+    events = events_table(world.rec)
+    reqs = requests_table(events, attrs=world.turn_attrs)
+    result.tables = {"events": events, "levels": levels_table(world.rec), "requests": reqs}
+    result.summary = fleet_summary(world, reqs, end_s=end, wall_s=time.perf_counter() - t0, slo=scenario.slo)
+    result.world = world

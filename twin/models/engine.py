@@ -119,7 +119,7 @@ class _Waiting:
 class Engine:
     """vLLM V1 scheduling + KV cache for one replica. Times are passed in; the engine has no clock."""
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, *, track_groups: bool = False) -> None:
         self.cfg = config
         self.kv = BlockPool(num_blocks=config.num_gpu_blocks, block_size=config.block_size,
                             enable_prefix_caching=config.enable_prefix_caching, max_model_len=config.max_model_len)
@@ -136,6 +136,7 @@ class Engine:
         # Inter-token gaps: (value_s, weight) pairs, one weight per token the value applies to.
         self.itl_values: list[float] = []
         self.itl_weights: list[int] = []
+        self.itl_groups: list[str | None] | None = [] if track_groups else None  # parallel to itl_values
 
     # ---- arrivals and cancellation -------------------------------------------------------------
     def add(self, r: EngineRequest) -> None:
@@ -325,7 +326,7 @@ class Engine:
         finished: list[EngineRequest] = []
         mml = self.cfg.max_model_len
         RUNNING = Status.RUNNING
-        itl_v, itl_w = self.itl_values, self.itl_weights
+        itl_v, itl_w, itl_g = self.itl_values, self.itl_weights, self.itl_groups
         emitted = 0
         for r in step.reqs:
             seq = r.seq
@@ -336,6 +337,8 @@ class Engine:
             else:  # inlined _emit for the common decode case
                 itl_v.append(end_s - r.last_token_s)
                 itl_w.append(1)
+                if itl_g is not None:
+                    itl_g.append(r.group)
                 seq._out_len += 1
                 r.num_output += 1
                 r.last_token_s = end_s
@@ -357,6 +360,8 @@ class Engine:
         else:
             self.itl_values.append(first_s - r.last_token_s)  # type: ignore[operator]
             self.itl_weights.append(1)
+            if self.itl_groups is not None:
+                self.itl_groups.append(r.group)
         r.seq.append_output(m)
         r.num_output += m
         self.generation_tokens += m
@@ -441,10 +446,19 @@ class Engine:
                 r.token_times.extend(ends_s[:m])
             if r.num_output >= r.target_output_tokens or r.seq.num_tokens >= mml:
                 finished.append(r)
-        n = len(self.running)
+        if self.itl_groups is None:
+            counts: dict[str | None, int] = {None: len(self.running)}
+        else:
+            counts = {}
+            for r in self.running:
+                counts[r.group] = counts.get(r.group, 0) + 1
         for j in range(1, m):
-            self.itl_values.append(ends_s[j] - ends_s[j - 1])
-            self.itl_weights.append(n)
+            gap = ends_s[j] - ends_s[j - 1]
+            for g, n in counts.items():
+                self.itl_values.append(gap)
+                self.itl_weights.append(n)
+                if self.itl_groups is not None:
+                    self.itl_groups.append(g)
         if finished:
             self._retire(finished, last_s)
         return finished

@@ -26,7 +26,7 @@ class EngineRequest:
         "request_id", "arrival_s", "seq", "prompt_tokens", "max_tokens", "target_output_tokens",
         "priority", "num_computed", "num_output", "blocks", "num_cached_blocks", "status",
         "num_preemptions", "num_cached_tokens", "first_scheduled_s", "first_token_s", "last_token_s",
-        "finish_s", "finished_reason", "token_times", "on_tokens", "on_finished", "tag", "watch_output",
+        "finish_s", "finished_reason", "token_times", "on_tokens", "on_finished", "tag", "watch_output", "group",
     )
 
     def __init__(
@@ -66,6 +66,7 @@ class EngineRequest:
         self.on_tokens = None  # optional callback(req, n_new, t_last_s) for streaming clients
         self.on_finished = None  # optional callback(req)
         self.tag = tag
+        self.group: str | None = None  # a label (e.g. tier) for per-group inter-token statistics
         self.watch_output: int | None = None  # a decode run stops when num_output reaches this (client hooks)
 
     @property

@@ -1,0 +1,204 @@
+"""Scenario sections of the fleet world: topology, traffic, client, gateway, conversations, queue, router.
+
+Part of the scenario schema (``twin.scenario`` embeds ``FleetScenarioConfig``); split out to keep each
+module in its room. Frozen pydantic models, ``extra="forbid"``, defaults here only.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from twin.engine_settings import EngineSettings
+from twin.policies import RouterConfig
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+PosInt = Annotated[int, Field(gt=0)]
+NonNegInt = Annotated[int, Field(ge=0)]
+PosFloat = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
+NonNegFloat = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+Tier = Literal["free", "paid", "enterprise"]
+
+
+# ---- topology -------------------------------------------------------------------------------------
+class ModelTierConfig(_Model):
+    """One served model: its profile (hardware, TP, step times) and engine settings."""
+
+    profile: str
+    engine: EngineSettings = EngineSettings()
+    max_context_tokens: PosInt | None = None  # capability: longest prompt+output it serves (default: max_model_len)
+    supports_tools: bool = True
+
+
+class PoolConfig(_Model):
+    model: str
+    nodes: PosInt
+    pool: str = "default"  # "default", "long_context", ...
+
+
+class RegionConfig(_Model):
+    name: str
+    share: Fraction = 1.0  # share of users steered here by DNS/anycast (normalised over regions)
+    pools: list[PoolConfig]
+
+
+class TopologyConfig(_Model):
+    gpus_per_node: PosInt = 8
+    regions: list[RegionConfig]
+    scrape_interval_s: PosFloat = 1.0  # how stale the router's replica signals may be
+
+    @model_validator(mode="after")
+    def _names(self) -> TopologyConfig:
+        names = [r.name for r in self.regions]
+        if len(set(names)) != len(names):
+            raise ValueError("region names must be unique")
+        if not self.regions:
+            raise ValueError("at least one region is needed")
+        return self
+
+
+# ---- traffic --------------------------------------------------------------------------------------
+class DiurnalConfig(_Model):
+    """Rate shape over the day: 1 + a·cos(2π(h − peak_hour)/24), with a chosen so peak/mean = peak_factor."""
+
+    peak_factor: Annotated[float, Field(ge=1.0, le=2.0)] = 1.5
+    peak_hour: Annotated[float, Field(ge=0.0, lt=24.0)] = 14.0
+
+
+class SurgeConfig(_Model):
+    """A scheduled surge: rate × multiplier, ramped linearly over ``ramp_s`` from ``start_s``."""
+
+    start_s: NonNegFloat
+    ramp_s: NonNegFloat = 60.0
+    hold_s: PosFloat = 600.0
+    multiplier: PosFloat = 10.0
+
+
+class TenantConfig(_Model):
+    name: str
+    share: Fraction
+    tier: Tier = "free"
+    residency: list[str] | None = None  # allowed regions; None = anywhere
+    system_prompt_tokens: NonNegInt = 800
+    tools_tokens: NonNegInt = 0
+    prompt_version: str = "v1"
+
+
+class LengthConfig(_Model):
+    """A lognormal length with the given mean (tokens), clipped to [min, max]."""
+
+    mean: PosFloat
+    sigma: NonNegFloat = 0.8
+    min: PosInt = 1
+    max: PosInt = 100_000
+
+
+class ClassMix(_Model):
+    """Request classes (shares are normalised)."""
+
+    chat: NonNegFloat = 0.75
+    retrieval: NonNegFloat = 0.1
+    tool: NonNegFloat = 0.05
+    background: NonNegFloat = 0.05
+    long_context: NonNegFloat = 0.05
+
+
+class PopulationTraffic(_Model):
+    """Daily users and turns per user through a diurnal curve, with surges, tiers, tenants, conversations."""
+
+    kind: Literal["population"] = "population"
+    daily_users: PosInt = 10_000_000
+    turns_per_user: PosFloat = 15.0
+    scale: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0  # share of the population simulated
+    start_hour: Annotated[float, Field(ge=0.0, lt=24.0)] = 14.0  # hour of day at simulated time 0
+    duration_s: PosFloat = 600.0  # sessions start during this window
+    diurnal: DiurnalConfig = DiurnalConfig()
+    surges: list[SurgeConfig] = []
+    tenants: list[TenantConfig] = [TenantConfig(name="consumer-free", share=0.7, tier="free"),
+                                   TenantConfig(name="consumer-plus", share=0.25, tier="paid"),
+                                   TenantConfig(name="acme-eu", share=0.05, tier="enterprise", residency=["eu-west"])]
+    classes: ClassMix = ClassMix()
+    turns_per_session: PosFloat = 3.0  # geometric mean
+    think_time_s: PosFloat = 20.0  # exponential mean between a reply and the next message
+    message_tokens: LengthConfig = LengthConfig(mean=150, sigma=1.0, max=8000)
+    output_tokens: LengthConfig = LengthConfig(mean=400, sigma=0.8, max=4096)
+    retrieval_tokens: PosInt = 2000
+    retrieval_latency_s: NonNegFloat = 0.15
+    long_context_tokens: LengthConfig = LengthConfig(mean=60_000, sigma=0.4, min=20_000, max=120_000)
+    background_output_tokens: PosInt = 2000
+    tool_result_tokens: PosInt = 400
+    tool_approval_share: Fraction = 0.3  # tool calls needing a user approval
+    tool_approval_deny_share: Fraction = 0.1
+    tool_approval_timeout_share: Fraction = 0.05
+    tool_exec_s: NonNegFloat = 0.5
+
+
+# ---- request path ---------------------------------------------------------------------------------
+class ClientConfig(_Model):
+    patience_s: PosFloat = 30.0  # abandon (and cancel) if no first token by then
+    cancel_share: Fraction = 0.02  # turns the user cancels mid-stream
+    disconnect_share: Fraction = 0.01  # turns whose stream drops and reconnects
+    reconnect_delay_s: NonNegFloat = 2.0
+    max_retries: NonNegInt = 2
+    honour_retry_after: bool = True
+    retry_backoff_s: NonNegFloat = 1.0  # used when not honouring retry-after (or none was given)
+
+
+class GatewayConfig(_Model):
+    auth_latency_s: NonNegFloat = 0.002
+    admission: dict[str, Any] = {"kind": "allow_all"}  # a twin.policies admission config
+
+
+class ConversationConfig(_Model):
+    history_load_s: NonNegFloat = 0.005
+    persist_every_tokens: PosInt = 32  # streamed tokens are persisted in batches of this size
+    persist_latency_s: NonNegFloat = 0.01
+    context_budget_tokens: PosInt = 32_000  # prompt budget; oldest turns are dropped beyond it
+    moderation_cut_share: Fraction = 0.0  # streams the output moderator cuts
+
+
+class QueueConfig(_Model):
+    policy: dict[str, Any] = {"kind": "fifo_unbounded"}  # a twin.policies queue config
+    max_waiting_per_replica: NonNegInt = 4  # dispatch only while some eligible replica has fewer waiting
+    deadline_s: PosFloat | None = 60.0  # a queued turn is rejected past this wait
+
+
+class PolicyConfig(_Model):
+    router: RouterConfig = {"kind": "least_outstanding_tokens"}  # type: ignore[assignment]
+
+
+class FleetSection(_Model):
+    topology: TopologyConfig
+    models: dict[str, ModelTierConfig]
+    traffic: PopulationTraffic = PopulationTraffic()
+    client: ClientConfig = ClientConfig()
+    gateway: GatewayConfig = GatewayConfig()
+    conversation: ConversationConfig = ConversationConfig()
+    queue: QueueConfig = QueueConfig()
+    policy: PolicyConfig = PolicyConfig()
+    default_model: str = "large"
+    free_tier_model: str | None = None  # route the free tier here (a ladder rung can switch it on)
+
+    @model_validator(mode="after")
+    def _models_known(self) -> FleetSection:
+        for region in self.topology.regions:
+            for pool in region.pools:
+                if pool.model not in self.models:
+                    raise ValueError(f"region {region.name}: pool model {pool.model!r} is not in models "
+                                     f"({', '.join(sorted(self.models))})")
+        if self.default_model not in self.models:
+            raise ValueError(f"default_model {self.default_model!r} is not in models")
+        if self.free_tier_model is not None and self.free_tier_model not in self.models:
+            raise ValueError(f"free_tier_model {self.free_tier_model!r} is not in models")
+        regions = {r.name for r in self.topology.regions}
+        for t in self.traffic.tenants:
+            for r in t.residency or []:
+                if r not in regions:
+                    raise ValueError(f"tenant {t.name}: residency region {r!r} is not a topology region")
+        return self

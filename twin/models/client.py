@@ -1,0 +1,334 @@
+"""Clients and the request path of one turn: gateway -> conversation -> queue -> router -> replica -> stream.
+
+A session process plays one user's conversation. Each turn is retried under an idempotency key (its
+turn id) after retryable rejections or failures, honouring or ignoring retry-after; the user abandons
+(and the cancellation reaches the queue or the replica, freeing KV) when no token arrives within the
+patience time, may cancel mid-stream, and may disconnect and resume from the last persisted token. Every
+arrived turn ends in exactly one outcome: completed, cancelled, rejected (with a reason), abandoned, failed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import simpy
+
+from twin.models.population import SessionSpec, draw_length
+from twin.models.request import EngineRequest
+from twin.models.token_queue import QueueEntry
+from twin.models.tokens import TokenSeq
+from twin.policies import RequestFacts
+from twin.rng import stable_hash, stream
+
+RETRYABLE = {"user_rate_limited", "tenant_quota_exceeded", "queue_full", "replica_failed"}
+
+
+@dataclass(slots=True)
+class Outcome:
+    kind: str  # completed | rejected | cancelled | abandoned | failed
+    reason: str | None = None
+    retry_after_s: float | None = None
+    output_tokens: int = 0
+
+
+@dataclass(slots=True)
+class Turn:
+    turn_id: str
+    session: SessionSpec
+    index: int
+    klass: str
+    arrival_s: float
+    message_tokens: int
+    output_tokens: int
+    first_token_seen: bool = False
+
+
+class Stream:
+    """The client's view of one generation's token stream."""
+
+    __slots__ = ("first", "done", "delivered", "cancel_at", "cancel_reason", "disconnect_at", "cancelled", "req",
+                 "handle")
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self.first = env.event()
+        self.done = env.event()
+        self.delivered = 0
+        self.cancel_at: int | None = None
+        self.cancel_reason = "user_cancelled"
+        self.disconnect_at: int | None = None
+        self.cancelled = False
+        self.req: EngineRequest | None = None
+        self.handle = None
+
+
+class Clients:
+    """Every session's process, sharing the gateway, conversation service, queue and router."""
+
+    def __init__(self, world, *, seed: int, replication: int) -> None:
+        self.w = world
+        self.env = world.env
+        self.cfg = world.cfg
+        self.rng = stream(seed, replication, "client.behaviour")
+        self.lengths = stream(seed, replication, "workload.lengths")
+        self.tool_runs: dict[str, int] = {}  # idempotent executor: key -> executions
+
+    # ---- sessions and turns --------------------------------------------------------------------
+    def session(self, spec: SessionSpec):
+        env, tr = self.env, self.cfg.traffic
+        if spec.start_s > env.now:
+            yield env.timeout(spec.start_s - env.now)
+        for k in range(spec.turns):
+            klass = spec.klass if k == 0 or spec.klass in ("tool", "retrieval", "background") else "followup"
+            if spec.klass == "long_context" and k == 0:
+                msg = draw_length(tr.long_context_tokens, self.lengths)
+            else:
+                msg = draw_length(tr.message_tokens, self.lengths)
+            out = tr.background_output_tokens if klass == "background" else draw_length(tr.output_tokens, self.lengths)
+            turn = Turn(turn_id=f"{spec.session_id}-t{k}", session=spec, index=k, klass=klass, arrival_s=env.now,
+                        message_tokens=msg, output_tokens=out)
+            outcome = yield from self.turn(turn)
+            if outcome.kind != "completed":
+                return  # a user whose turn failed or who gave up leaves the session
+            if k + 1 < spec.turns:
+                yield env.timeout(self.rng.exponential(tr.think_time_s))
+
+    def turn(self, turn: Turn):
+        env, rec, ccfg = self.env, self.w.rec, self.cfg.client
+        rec.event(env.now, "request.arrived", "client", turn.turn_id, float(turn.message_tokens), turn.klass)
+        self.w.turn_attrs[turn.turn_id] = (turn.session.tenant.tier, turn.session.tenant.name, turn.klass,
+                                           turn.session.region)
+        attempt = 0
+        while True:
+            outcome = yield from self.attempt(turn, attempt)
+            if (outcome.kind in ("rejected", "failed") and outcome.reason in RETRYABLE and attempt < ccfg.max_retries):
+                wait = outcome.retry_after_s if (ccfg.honour_retry_after and outcome.retry_after_s) else \
+                    ccfg.retry_backoff_s * (2**attempt)
+                rec.event(env.now, "request.retried", "client", turn.turn_id, float(attempt + 1), outcome.reason)
+                yield env.timeout(wait)
+                attempt += 1
+                continue
+            kind = {"completed": "request.finished", "rejected": "request.rejected", "cancelled": "request.cancelled",
+                    "abandoned": "request.abandoned", "failed": "request.failed"}[outcome.kind]
+            rec.event(env.now, kind, "client", turn.turn_id, float(outcome.output_tokens), outcome.reason)
+            return outcome
+
+    def attempt(self, turn: Turn, attempt: int):
+        w, env, tr = self.w, self.env, self.cfg.traffic
+        spec = turn.session
+        decision = yield from w.gateway.admit(
+            request_id=f"{turn.turn_id}/a{attempt}", user_id=spec.user_id, tenant=spec.tenant.name,
+            tier=spec.tenant.tier, prompt_tokens=turn.message_tokens, expected_output_tokens=turn.output_tokens,
+            attempt=attempt)
+        if not decision.admitted:
+            return Outcome("rejected", decision.reason, decision.retry_after_s)
+        record, generate = w.conversation.begin(turn.turn_id)
+        if not generate:
+            if record.state == "completed":
+                return Outcome("completed", "deduplicated", output_tokens=record.output_tokens)
+            done = env.event()
+            record.waiters.append(done)
+            outcome = yield done
+            return outcome
+        outcome = yield from self._run_turn(turn, record)
+        for ev in record.waiters:
+            ev.succeed(outcome)
+        record.waiters.clear()
+        return outcome
+
+    def _run_turn(self, turn: Turn, record):
+        w, env, tr, conv = self.w, self.env, self.cfg.traffic, self.w.conversation
+        spec = turn.session
+        if conv.cfg.history_load_s:
+            yield env.timeout(conv.cfg.history_load_s)
+        message_seg = stable_hash(f"message/{turn.turn_id}")
+        answer_seg = stable_hash(f"answer/{turn.turn_id}")
+        extra: list[tuple[int, int]] = []
+        if turn.klass == "retrieval":
+            if tr.retrieval_latency_s:
+                yield env.timeout(tr.retrieval_latency_s)
+            extra.append((stable_hash(f"retrieved/{turn.turn_id}"), tr.retrieval_tokens))
+        pieces, prompt_tokens, _dropped = conv.assemble(session_id=spec.session_id, tenant=spec.tenant,
+                                                        message_seg=message_seg, message_tokens=turn.message_tokens,
+                                                        extra=extra)
+        reason = None
+        if turn.klass == "tool":
+            call_seg = stable_hash(f"toolcall/{turn.turn_id}")
+            call_tokens = 60
+            first = yield from self.generate(turn, pieces=pieces, prompt_tokens=prompt_tokens, output_tokens=call_tokens,
+                                             output_segment=call_seg, gen="g0", needs_tools=True)
+            if first.kind != "completed":
+                conv.fail(record)
+                return first
+            reason = yield from self.tool_step(turn)
+            pieces = [*pieces, ("seg", (call_seg, call_tokens)),
+                      ("seg", (stable_hash(f"toolresult/{turn.turn_id}"), tr.tool_result_tokens))]
+            prompt_tokens += call_tokens + tr.tool_result_tokens
+        outcome = yield from self.generate(turn, pieces=pieces, prompt_tokens=prompt_tokens,
+                                           output_tokens=turn.output_tokens, output_segment=answer_seg, gen="g1",
+                                           needs_tools=turn.klass == "tool")
+        if outcome.kind == "completed":
+            if conv.cfg.persist_latency_s:
+                yield env.timeout(conv.cfg.persist_latency_s)  # the committed response is durable
+            conv.complete(record, session_id=spec.session_id, message_seg=message_seg,
+                          message_tokens=turn.message_tokens, answer_seg=answer_seg, answer_tokens=outcome.output_tokens)
+            if reason:
+                outcome.reason = reason
+        else:
+            conv.fail(record)
+        return outcome
+
+    def tool_step(self, turn: Turn):
+        """Policy check and (sometimes) user approval across the tool boundary, then an idempotent execution."""
+        env, tr, rng = self.env, self.cfg.traffic, self.rng
+        if rng.random() < tr.tool_approval_share:
+            u = rng.random()
+            yield env.timeout(rng.exponential(5.0))
+            if u < tr.tool_approval_deny_share:
+                self.w.rec.event(env.now, "tool.denied", "tools", turn.turn_id)
+                return "tool_denied"
+            if u < tr.tool_approval_deny_share + tr.tool_approval_timeout_share:
+                self.w.rec.event(env.now, "tool.timed_out", "tools", turn.turn_id)
+                return "tool_approval_timeout"
+        runs = self.tool_runs.get(turn.turn_id, 0)
+        if runs == 0:  # a retried call finds the recorded result and does not execute again
+            yield env.timeout(tr.tool_exec_s)
+            self.w.rec.event(env.now, "tool.executed", "tools", turn.turn_id)
+        self.tool_runs[turn.turn_id] = runs + 1
+        return None
+
+    # ---- one generation --------------------------------------------------------------------------
+    def model_for(self, turn: Turn, total_tokens: int, needs_tools: bool) -> str | None:
+        """Tier routing with capability checks; never a model that cannot serve the request or its residency."""
+        cfg = self.cfg
+        order = []
+        if turn.session.tenant.tier == "free" and self.w.free_tier_model:
+            order.append(self.w.free_tier_model)
+        order.append(cfg.default_model)
+        allowed = turn.session.tenant.residency
+        for name in order:
+            m = cfg.models[name]
+            cap = m.max_context_tokens or m.engine.max_model_len
+            if total_tokens > cap or (needs_tools and not m.supports_tools):
+                continue
+            if not any(w_model == name and (allowed is None or region in allowed)
+                       for (w_model, region) in self.w.placements):
+                continue
+            return name
+        return None
+
+    def generate(self, turn: Turn, *, pieces, prompt_tokens: int, output_tokens: int, output_segment: int, gen: str,
+                 needs_tools: bool):
+        w, env, ccfg, rng = self.w, self.env, self.cfg.client, self.rng
+        spec = turn.session
+        model = self.model_for(turn, prompt_tokens + output_tokens, needs_tools)
+        if model is None:
+            return Outcome("rejected", "no_capable_model")
+        mcfg = self.cfg.models[model]
+        gen_id = f"{turn.turn_id}/{gen}"
+        seq = TokenSeq(pieces, block_size=mcfg.engine.block_size, output_segment=output_segment)
+        n_hash = prompt_tokens // mcfg.engine.block_size
+        facts = RequestFacts(request_id=gen_id, tenant=spec.tenant.name, tier=spec.tenant.tier,
+                             session_id=spec.session_id, prompt_tokens=prompt_tokens,
+                             expected_output_tokens=output_tokens, block_hashes=tuple(seq.block_hashes(n_hash)),
+                             model=model, region=spec.region,
+                             allowed_regions=tuple(spec.tenant.residency) if spec.tenant.residency else None,
+                             needs_long_context=turn.klass == "long_context")
+        st = Stream(env)
+        if turn.klass not in ("background",):
+            if rng.random() < ccfg.cancel_share:
+                st.cancel_at = int(rng.integers(1, output_tokens + 1))
+            elif rng.random() < w.conversation.cfg.moderation_cut_share:
+                st.cancel_at = int(rng.integers(1, output_tokens + 1))
+                st.cancel_reason = "moderation_cut"
+            if rng.random() < ccfg.disconnect_share:
+                st.disconnect_at = int(rng.integers(1, output_tokens + 1))
+        entry = QueueEntry(facts=facts, tokens=prompt_tokens + output_tokens, priority=0, arrival_s=env.now,
+                           dispatched=env.event(), allowed_regions=facts.allowed_regions)
+        entry.on_dispatch = lambda e, handle: self._submit(e, handle, seq, st, turn, output_tokens)
+        from twin.policies.queueing import QueueItem
+
+        deadline = self.cfg.queue.deadline_s
+        item = QueueItem(request_id=gen_id, tier=spec.tenant.tier, tenant=spec.tenant.name,
+                         prompt_tokens=prompt_tokens, expected_output_tokens=output_tokens,
+                         deadline_s=None if deadline is None else env.now + deadline, arrival_s=env.now)
+        decision = w.queue.offer(entry, item)
+        if not decision.accept:
+            return Outcome("rejected", decision.reason, getattr(decision, "retry_after_s", None))
+        w.rec.event(env.now, "request.queued", "queue", turn.turn_id, float(decision.eta_s), gen)
+        patience = None if turn.klass == "background" else ccfg.patience_s
+        t0 = env.now
+        if not entry.dispatched.triggered:
+            limits = [x for x in (patience, deadline) if x is not None]
+            if limits:
+                yield entry.dispatched | env.timeout(min(limits))
+            else:
+                yield entry.dispatched
+            if not entry.dispatched.triggered:
+                w.queue.remove(entry)
+                if patience is not None and (deadline is None or patience <= deadline):
+                    return Outcome("abandoned", "no_first_token")
+                return Outcome("rejected", "deadline_exceeded")
+        w.rec.event(env.now, "request.dispatched", "router", turn.turn_id, None, entry.replica_id)
+        if not turn.first_token_seen and not st.first.triggered:
+            if patience is not None:
+                remaining = max(patience - (env.now - t0), 0.0)
+                yield st.first | env.timeout(remaining)
+                if not st.first.triggered:
+                    st.cancelled = True
+                    st.handle.replica.cancel(st.req, "abandoned")
+                    yield st.done
+                    return Outcome("abandoned", "no_first_token", output_tokens=st.delivered)
+            else:
+                yield st.first
+        yield st.done
+        reason = st.req.finished_reason
+        if st.cancelled:
+            return Outcome("cancelled", st.cancel_reason, output_tokens=st.delivered)
+        if reason == "abort":
+            return Outcome("failed", "replica_failed", output_tokens=st.delivered)
+        return Outcome("completed", reason, output_tokens=st.req.num_output)
+
+    def _submit(self, entry: QueueEntry, handle, seq: TokenSeq, st: Stream, turn: Turn, output_tokens: int) -> None:
+        env = self.env
+        req = EngineRequest(request_id=entry.facts.request_id, arrival_s=env.now, seq=seq, max_tokens=output_tokens,
+                            target_output_tokens=output_tokens, tag=entry)
+        req.group = turn.session.tenant.tier
+        st.req = req
+        st.handle = handle
+        marks = [x for x in (st.cancel_at, st.disconnect_at) if x is not None]
+        req.watch_output = min(marks) if marks else None
+
+        def on_tokens(r: EngineRequest, m: int, t: float) -> None:
+            st.delivered = r.num_output
+            if not st.first.triggered:
+                st.first.succeed()
+                if not turn.first_token_seen:
+                    turn.first_token_seen = True
+                    self.w.rec.event(t, "request.first_token", "client", turn.turn_id)
+            if st.disconnect_at is not None and r.num_output >= st.disconnect_at:
+                st.disconnect_at = None
+                self.w.rec.event(t, "stream.disconnected", "client", turn.turn_id, float(r.num_output))
+                env.process(self._reconnect(turn, st))
+            if st.cancel_at is not None and r.num_output >= st.cancel_at and not st.cancelled:
+                st.cancelled = True
+                handle.replica.cancel(r, st.cancel_reason)
+            marks = [x for x in (st.cancel_at if not st.cancelled else None, st.disconnect_at) if x is not None]
+            r.watch_output = min(marks) if marks else None
+
+        def on_finished(r: EngineRequest) -> None:
+            self.w.router.done(entry.facts, handle.scope)
+            self.w.queue.drained(r.prompt_tokens + r.num_output)
+            self.w.gateway.completed(entry.facts.request_id, r.prompt_tokens + r.num_output)
+            if not st.done.triggered:
+                st.done.succeed()
+            self.w.queue.kick()
+
+        req.on_tokens = on_tokens
+        req.on_finished = on_finished
+        handle.replica.submit(req)
+
+    def _reconnect(self, turn: Turn, st: Stream):
+        """The browser reconnects and resumes from the last persisted token (retained events after it)."""
+        yield self.env.timeout(self.cfg.client.reconnect_delay_s)
+        persisted = self.w.conversation.persisted(st.delivered)
+        self.w.rec.event(self.env.now, "stream.resumed", "client", turn.turn_id, float(persisted))

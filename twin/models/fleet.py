@@ -1,0 +1,130 @@
+"""The fleet world: regions of nodes of replicas per model tier, a router, the token-aware queue, the
+gateway, the conversation service and the user population — built and wired first, then started.
+"""
+
+from __future__ import annotations
+
+import simpy
+
+from twin.fleet_config import FleetSection
+from twin.models.client import Clients
+from twin.models.conversation import ConversationService
+from twin.models.engine import Engine
+from twin.models.gateway import Gateway
+from twin.models.population import sessions
+from twin.models.recorder import Recorder
+from twin.models.replica import Replica
+from twin.models.router import ReplicaHandle, Router
+from twin.models.token_queue import TokenQueue
+from twin.rng import stable_hash, stream
+
+
+def _seed_for(seed: int, replication: int, name: str) -> int:
+    return int(stream(seed, replication, name).integers(0, 2**62))
+
+
+class FleetWorld:
+    def __init__(self, scenario, *, seed: int, replication: int) -> None:
+        from twin.engine_profiles import load_profile
+        from twin.policies.queueing import build_queue_policy
+        from twin.runner import build_step_model, engine_config
+        from twin.scenario import ProfileStepTime, ReplicaConfig
+
+        fc: FleetSection = scenario.fleet
+        self.cfg = fc
+        self.env = env = simpy.Environment()
+        self.rec = Recorder(levels_interval_s=scenario.output.levels_interval_s,
+                            record_iterations=scenario.output.record_iterations)
+        self.turn_attrs: dict[str, tuple[str, str, str, str]] = {}
+        self.free_tier_model = fc.free_tier_model
+        # ---- elaborate: replicas per model, placed on nodes in regions --------------------------
+        self.model_info: dict[str, dict] = {}
+        for name, m in fc.models.items():
+            profile = load_profile(m.profile)
+            step_model, blocks = build_step_model(ReplicaConfig(step_time=ProfileStepTime(profile=m.profile),
+                                                                engine=m.engine))
+            per_node = max(fc.topology.gpus_per_node // profile.tp, 1)
+            self.model_info[name] = {"profile": profile, "step_model": step_model,
+                                     "engine": engine_config(m.engine, blocks), "per_node": per_node,
+                                     "tp": profile.tp, "price": profile.hardware.price_per_gpu_hour_usd}
+        handles: list[ReplicaHandle] = []
+        self.placements: set[tuple[str, str]] = set()
+        for region in fc.topology.regions:
+            for p_idx, pool in enumerate(region.pools):
+                info = self.model_info[pool.model]
+                for n in range(pool.nodes):
+                    node = f"fleet.{region.name}.{pool.model}-{pool.pool}-n{p_idx}{n:03d}"
+                    for k in range(info["per_node"]):
+                        rep = Replica(env, scope=f"{node}.r{k}", engine=Engine(info["engine"], track_groups=True),
+                                      step_model=info["step_model"], recorder=self.rec,
+                                      max_decode_run_steps=scenario.replica.max_decode_run_steps,
+                                      event_prefix="generation")
+                        handles.append(ReplicaHandle(rep, region=region.name, node=node, model=pool.model,
+                                                     pool=pool.pool, max_model_len=info["engine"].max_model_len,
+                                                     index=len(handles)))
+                        self.placements.add((pool.model, region.name))
+        self.handles = handles
+        self.gpus = sum(self.model_info[h.model]["tp"] for h in handles)
+        self.router = Router(env, replicas=handles, policy_config=fc.policy.router,
+                             seed=_seed_for(seed, replication, "policy.router"),
+                             scrape_interval_s=fc.topology.scrape_interval_s, recorder=self.rec)
+        self.queue = TokenQueue(env, policy=build_queue_policy(fc.queue.policy,
+                                                               seed=_seed_for(seed, replication, "policy.queue")),
+                                router=self.router, max_waiting_per_replica=fc.queue.max_waiting_per_replica)
+        self.gateway = Gateway(env, cfg=fc.gateway, seed=_seed_for(seed, replication, "policy.admission"),
+                               recorder=self.rec)
+        self.conversation = ConversationService(fc.conversation)
+        self.clients = Clients(self, seed=seed, replication=replication)
+        self.sessions = sessions(fc.traffic, fc.topology, seed=seed, replication=replication)
+        self.done = env.event()
+        self._live = 0
+        _ = stable_hash  # (kept for scopes built from names elsewhere)
+
+    # ---- run ------------------------------------------------------------------------------------
+    def start(self) -> None:
+        for h in self.handles:
+            h.replica.start()
+        self.router.start()
+        self.env.process(self._scrape_kicks())
+        self._live = len(self.sessions)
+        for spec in self.sessions:
+            self.env.process(self._session(spec))
+        if not self.sessions:
+            self.done.succeed()
+
+    def _session(self, spec):
+        yield from self.clients.session(spec)
+        self._live -= 1
+        if self._live == 0 and not self.done.triggered:
+            self.done.succeed()
+
+    def _scrape_kicks(self):
+        """Queued work waits for fresh signals: after every scrape, try to dispatch again."""
+        while True:
+            yield self.env.timeout(self.cfg.topology.scrape_interval_s)
+            self.queue.kick()
+            self.rec.level(self.env.now, "queue", "queued_requests", float(self.queue.count))
+            self.rec.level(self.env.now, "queue", "queued_tokens", float(self.queue.queued_tokens))
+
+    def run(self, horizon_s: float | None) -> None:
+        self.start()
+        if horizon_s is None:
+            self.env.run(until=self.done)
+        else:
+            self.env.run(until=simpy.AnyOf(self.env, [self.done, self.env.timeout(horizon_s)]))
+
+    # ---- aggregates -----------------------------------------------------------------------------
+    def engines(self) -> list[Engine]:
+        return [h.replica.engine for h in self.handles]
+
+    def counters(self) -> dict[str, int]:
+        out = {"prefix_cache_queries": 0, "prefix_cache_hits": 0, "num_preemptions": 0, "prompt_tokens": 0,
+               "generation_tokens": 0, "num_steps": 0}
+        for e in self.engines():
+            out["prefix_cache_queries"] += e.prefix_cache_queries
+            out["prefix_cache_hits"] += e.prefix_cache_hits
+            out["num_preemptions"] += e.num_preemptions
+            out["prompt_tokens"] += e.prompt_tokens
+            out["generation_tokens"] += e.generation_tokens
+            out["num_steps"] += e.num_steps
+        return out

@@ -1,0 +1,96 @@
+"""The user population: sessions arriving through a diurnal curve with surges, tiers, tenants and classes.
+
+Sessions start as a non-homogeneous Poisson process (thinning against the peak rate). A session is one
+user's conversation: a number of turns (geometric), think time between them (exponential), a tenant
+(and so a tier, a system prompt and a residency), a home region (DNS steering by region share, inside
+the tenant's residency), and a class. Every draw comes from a named stream.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from twin.fleet_config import LengthConfig, PopulationTraffic, TenantConfig, TopologyConfig
+from twin.rng import stream
+
+CLASSES = ("chat", "retrieval", "tool", "background", "long_context")
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSpec:
+    session_id: str
+    user_id: str
+    start_s: float
+    tenant: TenantConfig
+    region: str
+    klass: str
+    turns: int
+
+
+def diurnal_shape(hour: float, peak_factor: float, peak_hour: float) -> float:
+    """Rate relative to the daily mean (mean 1 over a day, peak = peak_factor)."""
+    return 1.0 + (peak_factor - 1.0) * math.cos(2.0 * math.pi * (hour - peak_hour) / 24.0)
+
+
+def surge_factor(t_s: float, traffic: PopulationTraffic) -> float:
+    f = 1.0
+    for s in traffic.surges:
+        if t_s < s.start_s or t_s > s.start_s + s.ramp_s + s.hold_s:
+            continue
+        ramp = 1.0 if s.ramp_s == 0 else min((t_s - s.start_s) / s.ramp_s, 1.0)
+        f *= 1.0 + (s.multiplier - 1.0) * ramp
+    return f
+
+
+def turn_rate_per_s(t_s: float, traffic: PopulationTraffic) -> float:
+    """Turns per second at simulated time ``t_s`` (daily mean × diurnal shape × surges × scale)."""
+    mean = traffic.daily_users * traffic.turns_per_user / 86_400.0
+    hour = (traffic.start_hour + t_s / 3600.0) % 24.0
+    return (mean * diurnal_shape(hour, traffic.diurnal.peak_factor, traffic.diurnal.peak_hour)
+            * surge_factor(t_s, traffic) * traffic.scale)
+
+
+def draw_length(cfg: LengthConfig, rng: np.random.Generator) -> int:
+    mu = math.log(cfg.mean) - cfg.sigma**2 / 2.0
+    return int(min(max(round(rng.lognormal(mu, cfg.sigma)), cfg.min), cfg.max))
+
+
+def sessions(traffic: PopulationTraffic, topology: TopologyConfig, *, seed: int, replication: int) -> list[SessionSpec]:
+    rng = stream(seed, replication, "workload.sessions")
+    mean_turns = traffic.turns_per_session
+    # session rate = turn rate / turns per session; thinning against an upper bound of the rate
+    grid = np.linspace(0.0, traffic.duration_s, 1 + max(int(traffic.duration_s // 10), 1))
+    peak = max(turn_rate_per_s(float(t), traffic) for t in grid) * 1.05 / mean_turns
+    for s in traffic.surges:
+        peak = max(peak, turn_rate_per_s(s.start_s + s.ramp_s, traffic) * 1.05 / mean_turns)
+    tenants = traffic.tenants
+    t_share = np.array([t.share for t in tenants], dtype=float)
+    t_share = t_share / t_share.sum()
+    cls = traffic.classes
+    c_share = np.array([cls.chat, cls.retrieval, cls.tool, cls.background, cls.long_context], dtype=float)
+    c_share = c_share / c_share.sum()
+    regions = topology.regions
+    out: list[SessionSpec] = []
+    t = 0.0
+    n = 0
+    p_turns = 1.0 / mean_turns
+    while True:
+        t += rng.exponential(1.0 / peak)
+        if t >= traffic.duration_s:
+            break
+        if rng.random() * peak > turn_rate_per_s(t, traffic) / mean_turns:
+            continue
+        tenant = tenants[int(rng.choice(len(tenants), p=t_share))]
+        allowed = [r for r in regions if tenant.residency is None or r.name in tenant.residency]
+        r_share = np.array([r.share for r in allowed], dtype=float)
+        r_share = r_share / r_share.sum() if r_share.sum() > 0 else np.full(len(allowed), 1.0 / len(allowed))
+        region = allowed[int(rng.choice(len(allowed), p=r_share))].name
+        klass = CLASSES[int(rng.choice(len(CLASSES), p=c_share))]
+        turns = 1 if klass == "background" else int(rng.geometric(p_turns))
+        out.append(SessionSpec(session_id=f"s{n:07d}", user_id=f"u{n:07d}", start_s=float(t), tenant=tenant,
+                               region=region, klass=klass, turns=turns))
+        n += 1
+    return out

@@ -1,0 +1,118 @@
+"""The router component: hosts a policy from ``twin.policies`` and feeds it what a real router sees.
+
+Per-replica signals (running, waiting, KV usage) are scraped every ``scrape_interval_s`` into frozen
+``ReplicaSnapshot``s, so they are as stale as a Prometheus scrape; the router's own outstanding-token
+ledger is fresh (a real router counts what it sent). Snapshots are rebuilt per scrape, and only the
+routed replica's snapshot is replaced when its ledger changes, so a routing decision costs no more than
+the policy itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import simpy
+
+from twin.models.recorder import Recorder
+from twin.models.replica import Replica
+from twin.policies import ReplicaSnapshot, RequestFacts, RoutingDecision, build_router
+
+
+class ReplicaHandle:
+    """What the fleet knows about one replica besides the engine: placement and model."""
+
+    __slots__ = ("replica", "region", "node", "model", "pool", "max_model_len", "outstanding_tokens",
+                 "pending_since_scrape", "index")
+
+    def __init__(self, replica: Replica, *, region: str, node: str, model: str, pool: str, max_model_len: int,
+                 index: int) -> None:
+        self.replica = replica
+        self.region = region
+        self.node = node
+        self.model = model
+        self.pool = pool
+        self.max_model_len = max_model_len
+        self.outstanding_tokens = 0
+        self.pending_since_scrape = 0
+        self.index = index
+
+    @property
+    def scope(self) -> str:
+        return self.replica.scope
+
+
+class Router:
+    def __init__(self, env: simpy.Environment, *, replicas: list[ReplicaHandle], policy_config, seed: int,
+                 scrape_interval_s: float, recorder: Recorder) -> None:
+        self.env = env
+        self.handles = replicas
+        self.by_id = {h.scope: h for h in replicas}
+        self.policy = build_router(policy_config, seed=seed)
+        self.scrape_interval_s = scrape_interval_s
+        self.rec = recorder
+        self.snapshots: list[ReplicaSnapshot] = []
+        self._by_model: dict[str, list[int]] = {}
+        for i, h in enumerate(replicas):
+            self._by_model.setdefault(h.model, []).append(i)
+        self.decisions = 0
+        self.scrape()
+
+    def start(self) -> None:
+        self.env.process(self._scraper())
+
+    def _scraper(self):
+        while True:
+            yield self.env.timeout(self.scrape_interval_s)
+            self.scrape()
+
+    def scrape(self) -> None:
+        now = self.env.now
+        snaps = []
+        for h in self.handles:
+            eng = h.replica.engine
+            snaps.append(ReplicaSnapshot(
+                replica_id=h.scope, region=h.region, model=h.model, pool=h.pool, healthy=h.replica.healthy,
+                num_running=len(eng.running), num_waiting=len(eng.waiting), kv_usage=min(max(eng.kv.usage(), 0.0), 1.0),
+                outstanding_tokens=h.outstanding_tokens, max_model_len=h.max_model_len, scraped_at_s=now))
+            h.pending_since_scrape = 0
+        self.snapshots = snaps
+
+    def candidates(self, model: str, allowed_regions: Sequence[str] | None, max_waiting: int) -> list[ReplicaSnapshot]:
+        """Snapshots of replicas of ``model`` (inside ``allowed_regions``) that have room for one more.
+
+        Room: scraped waiting + requests routed there since the scrape < ``max_waiting`` (0 = no limit).
+        """
+        out = []
+        snaps, handles = self.snapshots, self.handles
+        for i in self._by_model.get(model, ()):
+            s = snaps[i]
+            if not s.healthy:
+                continue
+            if allowed_regions is not None and s.region not in allowed_regions:
+                continue
+            if max_waiting and s.num_waiting + handles[i].pending_since_scrape >= max_waiting:
+                continue
+            out.append(s)
+        return out
+
+    def route(self, facts: RequestFacts, candidates: list[ReplicaSnapshot]) -> RoutingDecision:
+        self.decisions += 1
+        return self.policy.route(facts, candidates, self.env.now)
+
+    def sent(self, facts: RequestFacts, replica_id: str) -> None:
+        h = self.by_id[replica_id]
+        h.outstanding_tokens += facts.total_tokens
+        h.pending_since_scrape += 1
+        self._refresh(h)
+        self.policy.on_routed(facts, replica_id, self.env.now)
+
+    def done(self, facts: RequestFacts, replica_id: str) -> None:
+        h = self.by_id[replica_id]
+        h.outstanding_tokens = max(h.outstanding_tokens - facts.total_tokens, 0)
+        self._refresh(h)
+        self.policy.on_completed(facts.request_id, replica_id, self.env.now)
+
+    def _refresh(self, h: ReplicaHandle) -> None:
+        i = h.index
+        self.snapshots[i] = dataclasses.replace(self.snapshots[i], outstanding_tokens=h.outstanding_tokens)

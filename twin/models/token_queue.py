@@ -1,0 +1,143 @@
+"""The token-aware queue in front of the router: bounded by tokens, priorities by tier, an honest ETA.
+
+Admission and ordering decisions come from a ``twin.policies`` queue policy; this component holds the
+entries, measures the fleet's drain rate (an EWMA of tokens completed per second) and releases entries
+to the router while some eligible replica has room. Deadlines and patience are the client's timers
+("event OR timeout"): an entry that times out is removed here.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+
+import simpy
+
+from twin.models.router import Router
+from twin.policies import RequestFacts
+
+
+@dataclass(slots=True)
+class QueueEntry:
+    facts: RequestFacts
+    tokens: int
+    priority: int
+    arrival_s: float
+    dispatched: simpy.Event
+    seq: int = 0
+    allowed_regions: tuple[str, ...] | None = None
+    replica_id: str | None = None
+    removed: bool = False
+    on_dispatch: object = None  # callback(entry, handle) that submits the generation
+    meta: dict = field(default_factory=dict)
+
+
+class TokenQueue:
+    def __init__(self, env: simpy.Environment, *, policy, router: Router, max_waiting_per_replica: int,
+                 ewma_halflife_s: float = 10.0) -> None:
+        self.env = env
+        self.policy = policy
+        self.router = router
+        self.max_waiting = max_waiting_per_replica
+        self._heap: list[tuple[int, int, QueueEntry]] = []
+        self._seq = 0
+        self.queued_tokens = 0
+        self.in_flight_tokens = 0
+        self.count = 0
+        self._drain = 0.0  # EWMA of completed tokens per second
+        self._drain_t = 0.0
+        self._halflife = ewma_halflife_s
+        self._kicking = False
+
+    # ---- drain rate ------------------------------------------------------------------------------
+    def drained(self, tokens: int) -> None:
+        """A generation ended having used ``tokens`` (prompt + output): update the drain-rate EWMA."""
+        now = self.env.now
+        dt = now - self._drain_t
+        decay = math.exp(-dt * math.log(2) / self._halflife) if dt > 0 else 1.0
+        self._drain = self._drain * decay + tokens * (math.log(2) / self._halflife)
+        self._drain_t = now
+        self.in_flight_tokens = max(self.in_flight_tokens - tokens, 0)
+
+    def drain_tokens_per_s(self) -> float:
+        dt = self.env.now - self._drain_t
+        return self._drain * (math.exp(-dt * math.log(2) / self._halflife) if dt > 0 else 1.0)
+
+    # ---- entries ---------------------------------------------------------------------------------
+    def snapshot(self):
+        from twin.policies.queueing import QueueSnapshot
+
+        by_pri: dict[int, int] = {}
+        for pri, _, e in self._heap:
+            if not e.removed:
+                by_pri[pri] = by_pri.get(pri, 0) + e.tokens
+        return QueueSnapshot(now_s=self.env.now, queued_tokens=self.queued_tokens,
+                             capacity_tokens=getattr(self.policy, "capacity_tokens", None),
+                             queued_by_priority=tuple(sorted(by_pri.items())),
+                             drain_tokens_per_s=self.drain_tokens_per_s(), in_flight_tokens=self.in_flight_tokens)
+
+    def offer(self, entry: QueueEntry, item) -> object:
+        """Ask the policy; on acceptance, queue the entry and try to dispatch. Returns the decision."""
+        decision = self.policy.decide(item, self.snapshot())
+        if not decision.accept:
+            return decision
+        entry.priority = decision.priority
+        self._seq += 1
+        entry.seq = self._seq
+        heapq.heappush(self._heap, (entry.priority, entry.seq, entry))
+        self.queued_tokens += entry.tokens
+        self.count += 1
+        self.kick()
+        return decision
+
+    def remove(self, entry: QueueEntry) -> bool:
+        """Withdraw a queued entry (deadline, patience, cancel). False if already dispatched."""
+        if entry.removed or entry.dispatched.triggered:
+            return False
+        entry.removed = True
+        self.queued_tokens -= entry.tokens
+        self.count -= 1
+        return True
+
+    def kick(self) -> None:
+        """Release entries, highest priority first, while their model has a replica with room."""
+        if self._kicking:
+            return
+        self._kicking = True
+        try:
+            heap = self._heap
+            blocked: list[tuple[int, int, QueueEntry]] = []
+            blocked_models: set[tuple[str, tuple[str, ...] | None]] = set()
+            while heap:
+                item = heapq.heappop(heap)
+                e = item[2]
+                if e.removed:
+                    continue
+                key = (e.facts.model, e.allowed_regions)
+                if key in blocked_models:
+                    blocked.append(item)
+                    if len(blocked) >= 64:  # the rest waits for the next kick; order is kept by the heap
+                        break
+                    continue
+                cands = self.router.candidates(e.facts.model, e.allowed_regions, self.max_waiting)
+                if not cands:
+                    blocked_models.add(key)
+                    blocked.append(item)
+                    continue
+                decision = self.router.route(e.facts, cands)
+                if decision.replica_id is None:
+                    blocked_models.add(key)
+                    blocked.append(item)
+                    continue
+                self.queued_tokens -= e.tokens
+                self.count -= 1
+                self.in_flight_tokens += e.tokens
+                e.replica_id = decision.replica_id
+                self.router.sent(e.facts, decision.replica_id)
+                e.on_dispatch(e, self.router.by_id[decision.replica_id])  # type: ignore[operator]
+                e.dispatched.succeed(decision.replica_id)
+            for item in blocked:
+                heapq.heappush(heap, item)
+        finally:
+            self._kicking = False
