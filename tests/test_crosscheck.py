@@ -66,7 +66,8 @@ def test_speed_target_is_stated_or_derived_from_the_stream_lifetime() -> None:
 
 
 def test_at_target_stops_at_the_first_miss() -> None:
-    pts = [_point(rate_per_s=1, running_mean=10, tpot_p50_s=0.02), _point(rate_per_s=2, running_mean=20, tpot_p50_s=0.04),
+    pts = [_point(rate_per_s=1, running_mean=10, tpot_p50_s=0.02),
+           _point(rate_per_s=2, running_mean=20, tpot_p50_s=0.04),
            _point(rate_per_s=3, running_mean=30, tpot_p50_s=0.03)]  # a noisy pass above a miss does not count
     got = cc.at_target(pts, tpot_target_s=1 / 30, percentile="p50")
     assert (got.rate_per_s, got.streams) == (1, 10)

@@ -25,7 +25,7 @@ from twin.capacity import CapacityInputs, CapacityResult
 
 DEFAULT_PROFILE = "llama3-70b-fp8-tp4-h100"
 LADDER_FRACTIONS = (0.05, 0.1, 0.2, 0.35, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25)
-REFINE_STEPS = 2  # bisections of the rate between the last point meeting a TPOT target and the first missing it
+REFINE_STEPS = 2  # rate bisections at each TPOT target (last point meeting it, first missing it); one fewer at the TTFT knee
 TTFT_KNEE_FACTOR = 3.0  # "TTFT p99 above 3x its light-load value"
 BLOCK_SIZE = 16  # vLLM's default; the engine setting the scenarios use
 
@@ -109,6 +109,7 @@ class CrossCheckReport(_Frozen):
     gap_explained: list[str]
     seed: int
     wall_s: float
+    cpu_s: float  # process CPU time: the wall time less waiting for a loaded machine
 
 
 # ------------------------------------------------------------------------------------------ inputs
@@ -289,7 +290,8 @@ def decode_only_streams(model: Any, *, context_tokens: float, tpot_target_s: flo
 
     best = 0
     for b in range(1, limit + 1):
-        if model.step_time_s(StepShape(decode_requests=b, decode_context_tokens=round(b * context_tokens))) > tpot_target_s:
+        shape = StepShape(decode_requests=b, decode_context_tokens=round(b * context_tokens))
+        if model.step_time_s(shape) > tpot_target_s:
             break
         best = b
     return best
@@ -308,12 +310,13 @@ def run_crosscheck(inputs: CapacityInputs, capacity: CapacityResult, *, preset: 
     from twin.runner import run_scenario
     from twin.scenario import parse_scenario
 
-    t_start = time.perf_counter()
+    t_start, cpu_start = time.perf_counter(), time.process_time()
     profile_name, profile_note = choose_profile(inputs, profile)
     speed, speed_note = speed_target(inputs)
     target = 1.0 / speed
     prompt, output = inputs.prompt_tokens_per_turn, inputs.output_tokens_per_turn
-    prefix_tokens, prefix_fraction = shared_prefix_for(prompt_tokens=prompt, hit_fraction=inputs.prefix_cache_hit_fraction)
+    prefix_tokens, prefix_fraction = shared_prefix_for(prompt_tokens=prompt,
+                                                       hit_fraction=inputs.prefix_cache_hit_fraction)
     slo = inputs.mean_ttft_s
     base = {"profile": profile_name, "prompt_tokens": prompt, "output_tokens": output, "prefix_tokens": prefix_tokens,
             "ttft_slo_s": slo if slo is not None else 1.0, "itl_s": target}
@@ -334,7 +337,8 @@ def run_crosscheck(inputs: CapacityInputs, capacity: CapacityResult, *, preset: 
 
     def measure(rate: float) -> None:
         n = min(max(math.ceil(rate * arrival_span_s), min_requests), max_requests)
-        points.append(measure_point(run(rate, n), rate_per_s=rate, generation_duration_s=capacity.generation_duration_s))
+        points.append(measure_point(run(rate, n), rate_per_s=rate,
+                                    generation_duration_s=capacity.generation_duration_s))
 
     for rate in sorted(rates):
         measure(rate)
@@ -344,6 +348,14 @@ def run_crosscheck(inputs: CapacityInputs, capacity: CapacityResult, *, preset: 
             if bracket is None:
                 break
             measure(round(sum(bracket) / 2, 4))
+    light = min(points, key=lambda p: p.rate_per_s).ttft_p99_s
+    knee_threshold = slo if slo is not None else TTFT_KNEE_FACTOR * light
+    for _ in range(refine_steps - 1):  # one bisection fewer for the knee: the ladder's top points are the slowest
+        knee = ttft_knee(points, knee_threshold)
+        below = [p.rate_per_s for p in points if knee is not None and p.rate_per_s < knee.rate_per_s]
+        if not below:
+            break
+        measure(round((max(below) + knee.rate_per_s) / 2, 4))
     points.sort(key=lambda p: p.rate_per_s)
 
     hit = sum(p.prefix_cache_hit_rate * p.num_requests for p in points) / sum(p.num_requests for p in points)
@@ -376,6 +388,7 @@ def run_crosscheck(inputs: CapacityInputs, capacity: CapacityResult, *, preset: 
     )
     fields["gap_explained"] = explain_gap(fields)
     fields["wall_s"] = time.perf_counter() - t_start
+    fields["cpu_s"] = time.process_time() - cpu_start
     return CrossCheckReport(**fields)
 
 

@@ -243,7 +243,8 @@ def render_cross_check(r: Any) -> str:
         ("output tok/s at the p50 target", _opt(r.at_target_p50.output_tokens_per_s, ",.0f"),
          _opt(r.analytic_decode_capacity_per_replica_tokens_per_s, ",.0f")),
         (f"TTFT knee: p99 > {_opt(r.ttft_slo_s, 'g')} s",
-         "not reached" if r.ttft_knee_slo is None else f"{r.ttft_knee_slo:.3g} req/s, {r.ttft_knee_slo_streams:.0f} streams",
+         "not reached" if r.ttft_knee_slo is None
+         else f"{r.ttft_knee_slo:.3g} req/s, {r.ttft_knee_slo_streams:.0f} streams",
          ""),
         (f"TTFT knee: p99 > {r.ttft_knee_factor:g}x lightest load's",
          "not reached" if r.ttft_knee_relative is None
@@ -258,5 +259,5 @@ def render_cross_check(r: Any) -> str:
     w0, w1 = max(len(c[0]) for c in cmp), max(len(c[1]) for c in cmp)
     lines += [""] + [f"{a:<{w0}}  {b:<{w1}}  {c}".rstrip() for a, b, c in cmp]
     lines += ["", "gap explained:"] + [f"  - {g}" for g in r.gap_explained]
-    lines += ["", f"wall time: {r.wall_s:.1f} s"]
+    lines += ["", f"wall time: {r.wall_s:.1f} s (CPU {r.cpu_s:.1f} s)"]
     return "\n".join(lines)
