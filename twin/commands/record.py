@@ -71,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
             model_dir(args.model)  # fail early on an unknown model
             jobs = [(spec.model_copy(update={"model": args.model}), out) for spec, out in jobs]
     except (KeyError, ValueError, ValidationError, OSError) as exc:
-        print(f"twin record: error: {exc}", file=sys.stderr)
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"twin record: error: {msg}", file=sys.stderr)
         return 2
     venv = args.vllm_venv or DEFAULT_VENV
     failed = 0
