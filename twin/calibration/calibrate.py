@@ -35,16 +35,21 @@ from pathlib import Path
 import numpy as np
 
 from twin.calibration.recorded import RecordedRun, load_recorded_run
-from twin.engine_profiles.fit import fit_step_time
+from twin.engine_profiles.fit import StepTimeFit, fit_step_time
 from twin.engine_profiles.profile import (
+    DecodeCoefficients,
     EngineProfileSpec,
     FitQuality,
     Hardware,
     MemoryAssumptions,
     ModelShape,
+    PrefillCoefficients,
     Provenance,
+    RegimeFitQuality,
+    StepTimeCoefficients,
 )
-from twin.engine_profiles.step import StepShape, StepTimeModel
+from twin.engine_profiles.step import StepShape
+from twin.engine_profiles.step_time import LinearStepTimeModel
 from twin.replay import COMPOSITION, RecordedStepTimes, replay_scenario, request_specs
 from twin.runner import RunResult, run_scenario
 
@@ -98,8 +103,10 @@ def composition_mismatch(rec: RecordedRun, result: RunResult) -> str | None:
     return None
 
 
-def overhead_samples(rec: RecordedRun, result: RunResult) -> np.ndarray:
-    """Per-step overhead samples (seconds) from streamed token times vs recorded step durations.
+def overhead_samples(rec: RecordedRun, result: RunResult) -> tuple[np.ndarray, np.ndarray]:
+    """Time outside model execution between consecutive token-emitting steps a < b, from streamed token
+    times vs recorded step durations: ``(gaps_s, spans)`` with ``gaps_s = T_b - T_a - sum(elapsed[a+1..b])``
+    and ``spans = b - a`` steps. ``gaps_s / spans`` are per-step samples.
 
     Needs a replay whose steps align with the recording (``composition_mismatch`` is None).
     """
@@ -125,13 +132,13 @@ def overhead_samples(rec: RecordedRun, result: RunResult) -> np.ndarray:
     steps = sorted(per_step)
     t_end = {k: float(np.median(per_step[k])) for k in steps}
     cum = np.concatenate([[0.0], np.cumsum(elapsed)])
-    out = []
+    gaps, spans = [], []
     for a, b in zip(steps, steps[1:], strict=False):
         if b >= elapsed.size:
             break
-        model_s = cum[b + 1] - cum[a + 1]  # elapsed of steps a+1 .. b
-        out.append((t_end[b] - t_end[a] - model_s) / (b - a))
-    return np.asarray(out, dtype=np.float64)
+        gaps.append(t_end[b] - t_end[a] - (cum[b + 1] - cum[a + 1]))  # minus elapsed of steps a+1 .. b
+        spans.append(b - a)
+    return np.asarray(gaps, dtype=np.float64), np.asarray(spans, dtype=np.int64)
 
 
 @dataclass
@@ -139,7 +146,8 @@ class RunSamples:
     path: Path
     shapes: list[StepShape]
     elapsed_s: np.ndarray
-    overhead_samples_s: np.ndarray
+    overhead_gaps_s: np.ndarray
+    overhead_spans: np.ndarray
 
 
 def run_samples(rec: RecordedRun) -> RunSamples:
@@ -150,8 +158,9 @@ def run_samples(rec: RecordedRun) -> RunSamples:
         raise CalibrationError(f"{rec.path}: {why}; its step shapes cannot be paired with recorded durations"
                                + (" (server runs depend on arrival timing)" if rec.run.mode == "server" else ""))
     assert rec.iterations is not None and len(model.shapes) == len(rec.iterations)
+    gaps, spans = overhead_samples(rec, result)
     return RunSamples(path=rec.path, shapes=model.shapes, elapsed_s=rec.iterations.elapsed_ms / 1000.0,
-                      overhead_samples_s=overhead_samples(rec, result))
+                      overhead_gaps_s=gaps, overhead_spans=spans)
 
 
 def model_shape(rec: RecordedRun) -> ModelShape:
@@ -196,6 +205,86 @@ def memory_section(recs: Sequence[RecordedRun], shape: ModelShape, *, weight_dty
     return hw, mem, f"{blocks} blocks x {block_size} tokens"
 
 
+TRIM_MADS = 3.0  # outlier threshold in scaled median absolute deviations of log(measured / fitted)
+TRIM_FLOOR_RATIO = 1.25  # never trim a step within this factor of the fit
+TRIM_ROUNDS = 5
+
+
+def _predict(coefficients: StepTimeCoefficients, shapes: Sequence[StepShape]) -> np.ndarray:
+    """Model-execution time of each step (the overhead left out)."""
+    model = LinearStepTimeModel.from_coefficients(coefficients)
+    return np.array([model.step_time_s(s) for s in shapes]) - coefficients.overhead_s
+
+
+def robust_fit(shapes: Sequence[StepShape], elapsed_s: np.ndarray, *, overhead_s: float
+               ) -> tuple[StepTimeFit, np.ndarray]:
+    """``fit_step_time`` on the recorded durations, refitted without outlier steps until the kept set is stable.
+
+    Returns the fit and the mask of steps it used. A step is an outlier when ``|log(measured / fitted)|``
+    is more than ``TRIM_MADS`` scaled MADs (and more than ``log(TRIM_FLOOR_RATIO)``) from its regime's
+    median; steps with a zero duration are never used.
+    """
+    elapsed_s = np.asarray(elapsed_s, dtype=np.float64)
+    decode = np.array([s.is_decode_only for s in shapes], dtype=bool)
+    keep = elapsed_s > 0
+    fit = None
+    for _ in range(TRIM_ROUNDS):
+        idx = np.flatnonzero(keep)
+        fit = fit_step_time([shapes[i] for i in idx], elapsed_s[idx] + overhead_s, overhead_s=overhead_s)
+        r = np.log(np.where(elapsed_s > 0, elapsed_s, np.nan) / _predict(fit.coefficients, shapes))
+        new_keep = elapsed_s > 0
+        for regime in (decode, ~decode):
+            sel = regime & keep
+            med = np.median(r[sel])
+            thr = max(TRIM_MADS * 1.4826 * np.median(np.abs(r[sel] - med)), np.log(TRIM_FLOOR_RATIO))
+            new_keep &= ~regime | (np.abs(r - med) <= thr)
+        if np.array_equal(new_keep, keep):
+            break
+        keep = new_keep
+    assert fit is not None
+    return fit, keep
+
+
+def scale_to_mean(coefficients: StepTimeCoefficients, shapes: Sequence[StepShape], elapsed_s: np.ndarray
+                  ) -> tuple[StepTimeCoefficients, float, float]:
+    """Scale each regime's coefficients so the predicted durations sum to the recorded ones over every step.
+
+    A fit on relative error follows the typical step; on a shared CPU the durations are skewed to the right
+    (other processes take the cores now and then), and latency and throughput follow the mean. The shape of
+    the fit (how time grows with tokens, requests and context) is kept; only its level is set. Returns the
+    coefficients and the decode and prefill factors.
+    """
+    decode = np.array([s.is_decode_only for s in shapes], dtype=bool)
+    y = np.asarray(elapsed_s, dtype=np.float64)
+    c = coefficients
+    fd = float(y[decode].sum() / _predict(c, [s for s, d in zip(shapes, decode, strict=True) if d]).sum())
+    c = c.model_copy(update={"decode": DecodeCoefficients(**{k: v * fd for k, v in c.decode.model_dump().items()})})
+    fp_total = 1.0
+    pre = [s for s, d in zip(shapes, decode, strict=True) if not d]
+    for _ in range(4):  # prefill steps are floored at their decodes' time, so settle the factor in a few rounds
+        fp = float(y[~decode].sum() / _predict(c, pre).sum())
+        fp_total *= fp
+        c = c.model_copy(update={"prefill": PrefillCoefficients(**{k: v * fp for k, v in c.prefill.model_dump().items()})})
+    return c, fd, fp_total
+
+
+def _quality(pred: np.ndarray, y: np.ndarray) -> RegimeFitQuality:
+    rel = np.abs(pred - y) / y
+    return RegimeFitQuality(num_samples=int(y.size), rmse_s=float(np.sqrt(np.mean((pred - y) ** 2))),
+                            mean_abs_rel_error=float(rel.mean()), max_abs_rel_error=float(rel.max()))
+
+
+def fit_quality(coefficients: StepTimeCoefficients, shapes: Sequence[StepShape], elapsed_s: np.ndarray, *,
+                target: str) -> FitQuality:
+    """Quality per regime on every recorded step with a positive duration (trimmed steps included)."""
+    y = np.asarray(elapsed_s, dtype=np.float64)
+    pred = _predict(coefficients, shapes)
+    decode = np.array([s.is_decode_only for s in shapes], dtype=bool)
+    ok = y > 0
+    return FitQuality(target=target, decode=_quality(pred[decode & ok], y[decode & ok]),
+                      prefill=_quality(pred[~decode & ok], y[~decode & ok]))
+
+
 @dataclass
 class CalibrationResult:
     spec: EngineProfileSpec
@@ -228,38 +317,47 @@ def calibrate(run_dirs: Sequence[str | Path], *, name: str, command: str, genera
             refused.append(str(exc))
     if not samples:
         raise CalibrationError("no usable run (every run was refused):\n  " + "\n  ".join(refused))
-    ovh_all = np.concatenate([s.overhead_samples_s for s in samples])
-    if ovh_all.size == 0:
+    gaps = np.concatenate([s.overhead_gaps_s for s in samples])
+    spans = np.concatenate([s.overhead_spans for s in samples])
+    if gaps.size == 0:
         raise CalibrationError("no overhead samples: the runs have no streamed token times")
-    overhead_s = max(float(np.median(ovh_all)), 0.0)
+    per_step = gaps / spans
+    overhead_s = max(float(gaps.sum() / spans.sum()), 0.0)
     shapes = [sh for s in samples for sh in s.shapes]
     elapsed = np.concatenate([s.elapsed_s for s in samples])
-    fit = fit_step_time(shapes, elapsed + overhead_s, overhead_s=overhead_s)
+    try:
+        fit, keep = robust_fit(shapes, elapsed, overhead_s=overhead_s)
+    except ValueError as exc:  # too few steps of a regime, non-positive durations
+        raise CalibrationError(f"cannot fit the step-time regimes: {exc}") from exc
+    ok = elapsed > 0
+    coefficients, fd, fp = scale_to_mean(fit.coefficients, [s for s, k in zip(shapes, ok, strict=True) if k],
+                                         elapsed[ok])
     r0 = recs[0].run
     weight_dtype = _dtype(r0.dtype, fallback="bfloat16", where=str(recs[0].path))
     kv_dtype = _dtype(r0.kv_cache_dtype, fallback=r0.dtype, where=str(recs[0].path))
     hw, mem, blocks = memory_section(recs, shape, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
     label = source_label or (lambda p: str(p))
-    q25, q75 = np.percentile(ovh_all, [25, 75])
+    q25, q50, q75 = np.percentile(per_step, [25, 50, 75])
     notes = (
         f"engine {', '.join(versions)} on '{hardware[0]}'. Fitted to {elapsed.size} recorded steps of "
-        f"{len(samples)} runs ({blocks} in the runs without an override). overhead_s = median over "
-        f"{ovh_all.size} consecutive token-emitting step pairs of (token-time interval - recorded elapsed) per "
-        f"step: {overhead_s * 1e3:.3f} ms (IQR {q25 * 1e3:.3f}..{q75 * 1e3:.3f} ms)."
+        f"{len(samples)} runs ({blocks} in the runs without an override). overhead_s = (token-time interval - "
+        f"recorded elapsed) summed over {gaps.size} consecutive token-emitting step pairs / the steps they span: "
+        f"{overhead_s * 1e3:.3f} ms per step (per-pair median {q50 * 1e3:.3f}, IQR {q25 * 1e3:.3f}..{q75 * 1e3:.3f} ms). "
+        f"Regimes: relative-error NNLS without {int((~keep).sum())} of {keep.size} outlier steps "
+        f"(|log(measured/fitted)| beyond {TRIM_MADS:g} scaled MADs of their regime and {TRIM_FLOOR_RATIO:g}x; a shared "
+        f"CPU often splits one interval between consecutive steps as e.g. 24 ms + 1 ms), then scaled so the "
+        f"predicted durations sum to the recorded ones (decode x{fd:.3f}, prefill x{fp:.3f}). fit_quality is on "
+        f"every step with a positive duration."
     )
     if refused:
         notes += " Refused: " + " | ".join(refused)
     spec = EngineProfileSpec(
         name=name, model=shape, hardware=hw, tp=int(r0.tensor_parallel_size), weight_dtype=weight_dtype,
-        kv_dtype=kv_dtype, memory=mem, step_time=fit.coefficients,
-        fit_quality=FitQuality(target=f"recorded vLLM step durations (iterations.csv elapsed_ms), {len(samples)} runs",
-                               decode=fit.decode_quality, prefill=fit.prefill_quality),
+        kv_dtype=kv_dtype, memory=mem, step_time=coefficients,
+        fit_quality=fit_quality(coefficients, [s for s, k in zip(shapes, ok, strict=True) if k], elapsed[ok],
+                                target=f"recorded vLLM step durations (iterations.csv elapsed_ms), {len(samples)} runs"),
         provenance=Provenance(sources=[label(s.path) for s in samples], command=command,
                               generated_on=generated_on or dt.datetime.now(dt.UTC).date().isoformat(), notes=notes),
     )
-    return CalibrationResult(spec=spec, used=[s.path for s in samples], refused=refused, overhead_samples_s=ovh_all)
+    return CalibrationResult(spec=spec, used=[s.path for s in samples], refused=refused, overhead_samples_s=per_step)
 
-
-def step_model_overhead_s(model: StepTimeModel) -> float:
-    """The per-step overhead a step model adds (0 when it does not say)."""
-    return float(getattr(model, "overhead_s", 0.0) or 0.0)
