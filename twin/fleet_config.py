@@ -40,6 +40,7 @@ class PoolConfig(_Model):
     model: str
     nodes: PosInt
     pool: str = "default"  # "default", "long_context", ...
+    max_model_len: PosInt | None = None  # override the model's engine max_model_len in this pool
 
 
 class RegionConfig(_Model):
@@ -65,9 +66,9 @@ class TopologyConfig(_Model):
 
 # ---- traffic --------------------------------------------------------------------------------------
 class DiurnalConfig(_Model):
-    """Rate shape over the day: 1 + a·cos(2π(h − peak_hour)/24), with a chosen so peak/mean = peak_factor."""
+    """Rate shape over the day: exp(k·cos(2π(h − peak_hour)/24)) / I0(k), mean 1, peak/mean = peak_factor."""
 
-    peak_factor: Annotated[float, Field(ge=1.0, le=2.0)] = 1.5
+    peak_factor: Annotated[float, Field(ge=1.0, le=20.0)] = 3.0
     peak_hour: Annotated[float, Field(ge=0.0, lt=24.0)] = 14.0
 
 
@@ -174,6 +175,7 @@ class PolicyConfig(_Model):
 
 
 class FleetSection(_Model):
+    scale: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0  # scales node counts (rounded, >= 1) and traffic together
     topology: TopologyConfig
     models: dict[str, ModelTierConfig]
     traffic: PopulationTraffic = PopulationTraffic()

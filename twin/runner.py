@@ -23,7 +23,7 @@ from twin.models.recorder import Recorder
 from twin.models.replica import Replica
 from twin.models.request import EngineRequest
 from twin.models.tokens import TokenSeq
-from twin.models.workload import RequestSpec, synthetic_requests
+from twin.models.workload import RequestSpec, workload_requests
 from twin.paths import REPO_ROOT
 from twin.results import events_table, iterations_table, levels_table, requests_table, summarize
 from twin.scenario import EngineSettings, ReplicaConfig, Scenario
@@ -90,7 +90,7 @@ class SingleReplicaRun:
         self.engine = Engine(self.cfg)
         self.replica = Replica(self.env, scope="replica", engine=self.engine, step_model=model, recorder=self.rec,
                                max_decode_run_steps=sc.replica.max_decode_run_steps, on_finished=self._finished)
-        self.specs = specs if specs is not None else synthetic_requests(sc.workload, seed=seed, replication=replication)
+        self.specs = specs if specs is not None else workload_requests(sc.workload, seed=seed, replication=replication)
         self.record_token_times = sc.output.record_token_times
         self.token_times: dict[str, list[float]] = {}
         self.outstanding = 0

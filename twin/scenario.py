@@ -111,7 +111,9 @@ class SyntheticWorkload(_Model):
     shared_prefix: SharedPrefixConfig | None = None
 
 
-Workload = Annotated[SyntheticWorkload, Field(discriminator="kind")]
+from twin.models.traces import TraceWorkload  # noqa: E402  (pure pydantic; no cycle)
+
+Workload = Annotated[SyntheticWorkload | TraceWorkload, Field(discriminator="kind")]
 
 
 # ---- the replica ----------------------------------------------------------------------------------
@@ -184,7 +186,7 @@ def _loc(loc: tuple[Any, ...]) -> str:
         if isinstance(p, int):
             parts.append(f"[{p}]")
         elif p in ("constant", "uniform", "lognormal", "exponential", "poisson", "gamma", "offline", "synthetic",
-                   "profile", "fixed") and parts:
+                   "profile", "fixed", "trace", "population") and parts:
             continue  # discriminated-union tags add no information to the path
         else:
             parts.append(("." if parts else "") + str(p))

@@ -4,6 +4,8 @@ gateway, the conversation service and the user population — built and wired fi
 
 from __future__ import annotations
 
+import dataclasses
+
 import simpy
 
 from twin.fleet_config import FleetSection
@@ -52,15 +54,18 @@ class FleetWorld:
         for region in fc.topology.regions:
             for p_idx, pool in enumerate(region.pools):
                 info = self.model_info[pool.model]
-                for n in range(pool.nodes):
+                ecfg = info["engine"]
+                if pool.max_model_len is not None:
+                    ecfg = dataclasses.replace(ecfg, max_model_len=pool.max_model_len)
+                for n in range(max(1, round(pool.nodes * fc.scale))):
                     node = f"fleet.{region.name}.{pool.model}-{pool.pool}-n{p_idx}{n:03d}"
                     for k in range(info["per_node"]):
-                        rep = Replica(env, scope=f"{node}.r{k}", engine=Engine(info["engine"], track_groups=True),
+                        rep = Replica(env, scope=f"{node}.r{k}", engine=Engine(ecfg, track_groups=True),
                                       step_model=info["step_model"], recorder=self.rec,
                                       max_decode_run_steps=scenario.replica.max_decode_run_steps,
                                       event_prefix="generation")
                         handles.append(ReplicaHandle(rep, region=region.name, node=node, model=pool.model,
-                                                     pool=pool.pool, max_model_len=info["engine"].max_model_len,
+                                                     pool=pool.pool, max_model_len=ecfg.max_model_len,
                                                      index=len(handles)))
                         self.placements.add((pool.model, region.name))
         self.handles = handles
@@ -75,7 +80,7 @@ class FleetWorld:
                                recorder=self.rec)
         self.conversation = ConversationService(fc.conversation)
         self.clients = Clients(self, seed=seed, replication=replication)
-        self.sessions = sessions(fc.traffic, fc.topology, seed=seed, replication=replication)
+        self.sessions = sessions(fc.traffic, fc.topology, seed=seed, replication=replication, scale=fc.scale)
         self.done = env.event()
         self._live = 0
         _ = stable_hash  # (kept for scopes built from names elsewhere)

@@ -30,9 +30,32 @@ class SessionSpec:
     turns: int
 
 
+_KAPPA: dict[float, float] = {}
+
+
+def _kappa(peak_factor: float) -> float:
+    """k such that exp(k) / I0(k) = peak_factor (bisection; I0 from numpy)."""
+    if peak_factor in _KAPPA:
+        return _KAPPA[peak_factor]
+    lo, hi = 0.0, 1.0
+    while math.exp(hi) / float(np.i0(hi)) < peak_factor:
+        hi *= 2.0
+    for _ in range(80):
+        mid = (lo + hi) / 2.0
+        if math.exp(mid) / float(np.i0(mid)) < peak_factor:
+            lo = mid
+        else:
+            hi = mid
+    _KAPPA[peak_factor] = (lo + hi) / 2.0
+    return _KAPPA[peak_factor]
+
+
 def diurnal_shape(hour: float, peak_factor: float, peak_hour: float) -> float:
-    """Rate relative to the daily mean (mean 1 over a day, peak = peak_factor)."""
-    return 1.0 + (peak_factor - 1.0) * math.cos(2.0 * math.pi * (hour - peak_hour) / 24.0)
+    """Rate relative to the daily mean: a von Mises curve over the day, mean 1, peak/mean = peak_factor."""
+    if peak_factor <= 1.0:
+        return 1.0
+    k = _kappa(peak_factor)
+    return math.exp(k * math.cos(2.0 * math.pi * (hour - peak_hour) / 24.0)) / float(np.i0(k))
 
 
 def surge_factor(t_s: float, traffic: PopulationTraffic) -> float:
@@ -45,12 +68,12 @@ def surge_factor(t_s: float, traffic: PopulationTraffic) -> float:
     return f
 
 
-def turn_rate_per_s(t_s: float, traffic: PopulationTraffic) -> float:
-    """Turns per second at simulated time ``t_s`` (daily mean × diurnal shape × surges × scale)."""
+def turn_rate_per_s(t_s: float, traffic: PopulationTraffic, scale: float = 1.0) -> float:
+    """Turns per second at simulated time ``t_s`` (daily mean × diurnal shape × surges × scales)."""
     mean = traffic.daily_users * traffic.turns_per_user / 86_400.0
     hour = (traffic.start_hour + t_s / 3600.0) % 24.0
     return (mean * diurnal_shape(hour, traffic.diurnal.peak_factor, traffic.diurnal.peak_hour)
-            * surge_factor(t_s, traffic) * traffic.scale)
+            * surge_factor(t_s, traffic) * traffic.scale * scale)
 
 
 def draw_length(cfg: LengthConfig, rng: np.random.Generator) -> int:
@@ -58,14 +81,15 @@ def draw_length(cfg: LengthConfig, rng: np.random.Generator) -> int:
     return int(min(max(round(rng.lognormal(mu, cfg.sigma)), cfg.min), cfg.max))
 
 
-def sessions(traffic: PopulationTraffic, topology: TopologyConfig, *, seed: int, replication: int) -> list[SessionSpec]:
+def sessions(traffic: PopulationTraffic, topology: TopologyConfig, *, seed: int, replication: int,
+             scale: float = 1.0) -> list[SessionSpec]:
     rng = stream(seed, replication, "workload.sessions")
     mean_turns = traffic.turns_per_session
     # session rate = turn rate / turns per session; thinning against an upper bound of the rate
     grid = np.linspace(0.0, traffic.duration_s, 1 + max(int(traffic.duration_s // 10), 1))
-    peak = max(turn_rate_per_s(float(t), traffic) for t in grid) * 1.05 / mean_turns
+    peak = max(turn_rate_per_s(float(t), traffic, scale) for t in grid) * 1.05 / mean_turns
     for s in traffic.surges:
-        peak = max(peak, turn_rate_per_s(s.start_s + s.ramp_s, traffic) * 1.05 / mean_turns)
+        peak = max(peak, turn_rate_per_s(s.start_s + s.ramp_s, traffic, scale) * 1.05 / mean_turns)
     tenants = traffic.tenants
     t_share = np.array([t.share for t in tenants], dtype=float)
     t_share = t_share / t_share.sum()
@@ -81,7 +105,7 @@ def sessions(traffic: PopulationTraffic, topology: TopologyConfig, *, seed: int,
         t += rng.exponential(1.0 / peak)
         if t >= traffic.duration_s:
             break
-        if rng.random() * peak > turn_rate_per_s(t, traffic) / mean_turns:
+        if rng.random() * peak > turn_rate_per_s(t, traffic, scale) / mean_turns:
             continue
         tenant = tenants[int(rng.choice(len(tenants), p=t_share))]
         allowed = [r for r in regions if tenant.residency is None or r.name in tenant.residency]

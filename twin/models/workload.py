@@ -90,3 +90,12 @@ def synthetic_requests(w: SyntheticWorkload, *, seed: int, replication: int) -> 
         out.append(RequestSpec(request_id=rid, arrival_s=float(arrivals[i]), pieces=tuple(pieces), prompt_tokens=p,
                                output_tokens=o, max_tokens=max_tokens, output_segment=uniq ^ 0x0A5A5A5A))
     return out
+
+
+def workload_requests(w, *, seed: int, replication: int) -> list[RequestSpec]:
+    """Requests of any single-replica workload kind."""
+    if w.kind == "trace":
+        from twin.models.traces import trace_requests
+
+        return trace_requests(w, seed=seed, replication=replication)
+    return synthetic_requests(w, seed=seed, replication=replication)
