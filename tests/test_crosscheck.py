@@ -182,10 +182,11 @@ def test_cli_rejects_profile_without_cross_check_and_unknown_profiles(capsys: py
 
 
 @pytest.mark.slow
-def test_full_cross_check_command_runs_under_a_minute() -> None:
+def test_full_cross_check_command_fits_a_minute_of_cpu() -> None:
+    # CPU time, not wall time: on a shared 2-core machine the wall time depends on the other jobs.
     out = subprocess.run([sys.executable, "-m", "twin", "capacity", "--cross-check", "--preset", "seed-10m", "--json"],
                          capture_output=True, text=True, check=True, timeout=180)
     data = json.loads(out.stdout)
-    assert data["wall_s"] < 60
+    assert data["cpu_s"] < 60
     assert data["at_target_p50"]["tpot_s"] <= data["tpot_target_s"]
     assert not math.isnan(data["prefix_hit_achieved"])
