@@ -104,8 +104,11 @@ def test_yaml_syntax_error_is_exit_2(tmp_path, capsys):
 def test_every_shipped_scenario_validates_and_runs_a_short_horizon(path, tmp_path):
     assert main(["validate", str(path)]) == 0
     out = tmp_path / "out"
-    assert main(["run", str(path), "--out", str(out), "--quiet", "--set", "horizon_s=20",
-                 "--set", "workload.num_requests=60"]) == 0
+    raw = yaml.safe_load(path.read_text())
+    short = (["--set", "fleet.traffic.duration_s=5", "--set", "fleet.scale=0.002"] if "fleet" in raw
+             else ["--set", "workload.num_requests=60"] if raw["workload"]["kind"] == "synthetic"
+             else ["--set", "workload.max_requests=60"])
+    assert main(["run", str(path), "--out", str(out), "--quiet", "--set", "horizon_s=20", *short]) == 0
     assert (out / "summary.json").exists()
 
 
