@@ -6,12 +6,14 @@ module in its room. Frozen pydantic models, ``extra="forbid"``, defaults here on
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from twin.engine_settings import EngineSettings
 from twin.policies import RouterConfig
+from twin.policies.admission import AdmissionConfig
+from twin.policies.queueing import QueueConfig as QueuePolicyConfig
 
 
 class _Model(BaseModel):
@@ -153,7 +155,7 @@ class ClientConfig(_Model):
 
 class GatewayConfig(_Model):
     auth_latency_s: NonNegFloat = 0.002
-    admission: dict[str, Any] = {"kind": "allow_all"}  # a twin.policies admission config
+    admission: AdmissionConfig = Field(default={"kind": "allow_all"}, validate_default=True)
 
 
 class ConversationConfig(_Model):
@@ -164,14 +166,14 @@ class ConversationConfig(_Model):
     moderation_cut_share: Fraction = 0.0  # streams the output moderator cuts
 
 
-class QueueConfig(_Model):
-    policy: dict[str, Any] = {"kind": "fifo_unbounded"}  # a twin.policies queue config
+class QueueSectionConfig(_Model):
+    policy: QueuePolicyConfig = Field(default={"kind": "fifo_unbounded"}, validate_default=True)
     max_waiting_per_replica: NonNegInt = 4  # dispatch only while some eligible replica has fewer waiting
     deadline_s: PosFloat | None = 60.0  # a queued turn is rejected past this wait
 
 
 class PolicyConfig(_Model):
-    router: RouterConfig = {"kind": "least_outstanding_tokens"}  # type: ignore[assignment]
+    router: RouterConfig = Field(default={"kind": "least_outstanding_tokens"}, validate_default=True)
 
 
 class FleetSection(_Model):
@@ -182,7 +184,7 @@ class FleetSection(_Model):
     client: ClientConfig = ClientConfig()
     gateway: GatewayConfig = GatewayConfig()
     conversation: ConversationConfig = ConversationConfig()
-    queue: QueueConfig = QueueConfig()
+    queue: QueueSectionConfig = QueueSectionConfig()
     policy: PolicyConfig = PolicyConfig()
     default_model: str = "large"
     free_tier_model: str | None = None  # route the free tier here (a ladder rung can switch it on)

@@ -97,6 +97,8 @@ def requests_table(events: pa.Table, token_times: dict[str, list[float]] | None 
             row["retries"] = row.get("retries", 0) + 1
         elif kind == "request.first_token":
             row["first_token_s"] = t
+            if v is not None and row["num_cached_tokens"] is None:
+                row["num_cached_tokens"] = int(v)  # fleet turns: cached tokens of the generation streaming
         elif kind == "request.preempted":
             row["preemptions"] += 1
         elif kind in TERMINAL_KINDS:

@@ -304,7 +304,7 @@ class Clients:
                 st.first.succeed()
                 if not turn.first_token_seen:
                     turn.first_token_seen = True
-                    self.w.rec.event(t, "request.first_token", "client", turn.turn_id)
+                    self.w.rec.event(t, "request.first_token", "client", turn.turn_id, float(r.num_cached_tokens or 0))
             if st.disconnect_at is not None and r.num_output >= st.disconnect_at:
                 st.disconnect_at = None
                 self.w.rec.event(t, "stream.disconnected", "client", turn.turn_id, float(r.num_output))
