@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "capacity": ("twin.commands.capacity", "back-of-envelope fleet size and cost from the capacity model"),
     "emulate": ("twin.commands.emulate", "serve one emulated replica (twin engine + profile) with an OpenAI API"),
     "router": ("twin.commands.router", "OpenAI-compatible router over vLLM servers using a twin routing policy"),
+    "report": ("twin.commands.report", "write a self-contained HTML report (charts, key tables) of a run folder"),
 }
 
 
