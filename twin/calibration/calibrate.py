@@ -15,11 +15,15 @@ How, per run:
 3. Estimate the per-step time outside model execution (scheduling, output processing; ``elapsed_ms``
    covers model execution and sampling only): each streamed token is assigned to the twin step that
    emitted it (the composition matches, so it is the same step in the real run); a step's real end time
-   is the median time of its tokens; for consecutive token-emitting steps a < b the sample is
-   ``(T_b - T_a - sum(elapsed[a+1..b])) / (b - a)``. The overhead is the median over all runs' samples.
+   is the median time of its tokens; for consecutive token-emitting steps a < b the gap is
+   ``T_b - T_a - sum(elapsed[a+1..b])`` over ``b - a`` steps. The overhead is the sum of all gaps over the
+   sum of the steps they span (a split of one interval between two steps' ``elapsed_ms`` cancels out).
 
 Then both step-time regimes are fitted to the recorded ``elapsed_ms`` by ``fit_step_time`` (relative-error
-NNLS) with that overhead. Block size and block count are not fitted: replays take them from each run's
+NNLS) with that overhead, refitted without outlier steps (``robust_fit``). Chosen over fitting every step,
+and over scaling the robust fit to the recorded mean, by fidelity on recordings outside the sweep (the
+committed fixtures under tests/fixtures/recorded; docs/calibration.md). Block size and block count are
+not fitted: replays take them from each run's
 run.json; the profile's memory section is set so ``derive_num_gpu_blocks`` gives back the recorded count of
 a run without ``--num-gpu-blocks-override``.
 """
@@ -37,13 +41,11 @@ import numpy as np
 from twin.calibration.recorded import RecordedRun, load_recorded_run
 from twin.engine_profiles.fit import StepTimeFit, fit_step_time
 from twin.engine_profiles.profile import (
-    DecodeCoefficients,
     EngineProfileSpec,
     FitQuality,
     Hardware,
     MemoryAssumptions,
     ModelShape,
-    PrefillCoefficients,
     Provenance,
     RegimeFitQuality,
     StepTimeCoefficients,
@@ -168,7 +170,8 @@ def model_shape(rec: RecordedRun) -> ModelShape:
     try:
         hidden, heads = int(mc["hidden_size"]), int(mc["num_attention_heads"])
         return ModelShape(
-            name=str(mc.get("_name_or_path") or mc.get("model_type") or "model"),
+            name=str((rec.run.workload.get("spec") or {}).get("model") or mc.get("_name_or_path")
+                     or mc.get("model_type") or "model"),
             num_layers=int(mc["num_hidden_layers"]), hidden_size=hidden,
             intermediate_size=int(mc["intermediate_size"]), num_attention_heads=heads,
             num_kv_heads=int(mc.get("num_key_value_heads") or heads),
@@ -245,29 +248,6 @@ def robust_fit(shapes: Sequence[StepShape], elapsed_s: np.ndarray, *, overhead_s
     return fit, keep
 
 
-def scale_to_mean(coefficients: StepTimeCoefficients, shapes: Sequence[StepShape], elapsed_s: np.ndarray
-                  ) -> tuple[StepTimeCoefficients, float, float]:
-    """Scale each regime's coefficients so the predicted durations sum to the recorded ones over every step.
-
-    A fit on relative error follows the typical step; on a shared CPU the durations are skewed to the right
-    (other processes take the cores now and then), and latency and throughput follow the mean. The shape of
-    the fit (how time grows with tokens, requests and context) is kept; only its level is set. Returns the
-    coefficients and the decode and prefill factors.
-    """
-    decode = np.array([s.is_decode_only for s in shapes], dtype=bool)
-    y = np.asarray(elapsed_s, dtype=np.float64)
-    c = coefficients
-    fd = float(y[decode].sum() / _predict(c, [s for s, d in zip(shapes, decode, strict=True) if d]).sum())
-    c = c.model_copy(update={"decode": DecodeCoefficients(**{k: v * fd for k, v in c.decode.model_dump().items()})})
-    fp_total = 1.0
-    pre = [s for s, d in zip(shapes, decode, strict=True) if not d]
-    for _ in range(4):  # prefill steps are floored at their decodes' time, so settle the factor in a few rounds
-        fp = float(y[~decode].sum() / _predict(c, pre).sum())
-        fp_total *= fp
-        c = c.model_copy(update={"prefill": PrefillCoefficients(**{k: v * fp for k, v in c.prefill.model_dump().items()})})
-    return c, fd, fp_total
-
-
 def _quality(pred: np.ndarray, y: np.ndarray) -> RegimeFitQuality:
     rel = np.abs(pred - y) / y
     return RegimeFitQuality(num_samples=int(y.size), rmse_s=float(np.sqrt(np.mean((pred - y) ** 2))),
@@ -330,8 +310,7 @@ def calibrate(run_dirs: Sequence[str | Path], *, name: str, command: str, genera
     except ValueError as exc:  # too few steps of a regime, non-positive durations
         raise CalibrationError(f"cannot fit the step-time regimes: {exc}") from exc
     ok = elapsed > 0
-    coefficients, fd, fp = scale_to_mean(fit.coefficients, [s for s, k in zip(shapes, ok, strict=True) if k],
-                                         elapsed[ok])
+    coefficients = fit.coefficients
     r0 = recs[0].run
     weight_dtype = _dtype(r0.dtype, fallback="bfloat16", where=str(recs[0].path))
     kv_dtype = _dtype(r0.kv_cache_dtype, fallback=r0.dtype, where=str(recs[0].path))
@@ -345,9 +324,9 @@ def calibrate(run_dirs: Sequence[str | Path], *, name: str, command: str, genera
         f"{overhead_s * 1e3:.3f} ms per step (per-pair median {q50 * 1e3:.3f}, IQR {q25 * 1e3:.3f}..{q75 * 1e3:.3f} ms). "
         f"Regimes: relative-error NNLS without {int((~keep).sum())} of {keep.size} outlier steps "
         f"(|log(measured/fitted)| beyond {TRIM_MADS:g} scaled MADs of their regime and {TRIM_FLOOR_RATIO:g}x; a shared "
-        f"CPU often splits one interval between consecutive steps as e.g. 24 ms + 1 ms), then scaled so the "
-        f"predicted durations sum to the recorded ones (decode x{fd:.3f}, prefill x{fp:.3f}). fit_quality is on "
-        f"every step with a positive duration."
+        f"CPU often splits one interval between consecutive steps as e.g. 24 ms + 1 ms, and other processes "
+        f"slow whole stretches of a run). fit_quality is on every step with a positive duration, trimmed ones "
+        f"included."
     )
     if refused:
         notes += " Refused: " + " | ".join(refused)

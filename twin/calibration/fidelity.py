@@ -97,14 +97,19 @@ def _values(rec: RecordedRun, result: Any, comparison: dict[str, Any], *, overhe
 
 
 def workload_key(rec: RecordedRun) -> str:
-    """Runs with equal keys are repeats: same mode, engine settings and exact request set."""
+    """Runs with equal keys are repeats: same mode and engine settings, and the same workload description in
+    run.json or, where it has none, the same request set (prompts, output lengths, send times to the ms;
+    a server run's measured send times jitter, so the description is preferred)."""
     r = rec.run
     h = hashlib.sha256()
     h.update(json.dumps([r.mode, r.engine_version, r.hardware, r.block_size, r.num_gpu_blocks,
                          r.max_num_batched_tokens, r.max_num_seqs, r.max_model_len, r.enable_chunked_prefill,
                          r.enable_prefix_caching, r.model_config_]).encode())
-    for q in rec.requests:
-        h.update(json.dumps([q.arrival_s, q.max_tokens, list(q.prompt_token_ids)]).encode())
+    if r.workload:
+        h.update(json.dumps(r.workload, sort_keys=True).encode())
+    else:
+        for q in rec.requests:
+            h.update(json.dumps([round(q.arrival_s, 3), q.max_tokens, list(q.prompt_token_ids)]).encode())
     return h.hexdigest()[:16]
 
 

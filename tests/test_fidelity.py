@@ -1,0 +1,108 @@
+"""``twin fidelity``: the report's fields, tolerances widened by the spread of repeated runs, exact items that
+fail when the recording disagrees, and exit codes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from twin.calibration.fidelity import EXACT_ITEMS, TOLERANCE_ITEMS, fidelity, spread, workload_key
+from twin.calibration.recorded import load_recorded_run
+from twin.cli import main
+from twin.engine_profiles import load_profile
+from twin.paths import REPO_ROOT
+
+FIX = REPO_ROOT / "tests" / "fixtures" / "calibration" / "cpu-tiny-llama"
+RUN = FIX / "held-out" / "heldout-offline-kv-prefix"
+PROFILE = "cpu-tiny-llama"
+
+
+def _copy(src: Path, dst: Path, *, time_scale: float = 1.0, metrics: dict | None = None) -> Path:
+    shutil.copytree(src, dst)
+    if time_scale != 1.0:
+        lines = []
+        for line in (src / "requests.jsonl").read_text().splitlines():
+            obj = json.loads(line)
+            obj["token_times_s"] = [t * time_scale for t in obj["token_times_s"]]
+            obj["e2e_s"] = obj["token_times_s"][-1]
+            lines.append(json.dumps(obj))
+        (dst / "requests.jsonl").write_text("\n".join(lines) + "\n")
+    if metrics:
+        run = json.loads((src / "run.json").read_text())
+        run["metrics_delta"].update(metrics)
+        (dst / "run.json").write_text(json.dumps(run))
+    return dst
+
+
+def test_json_report_has_every_item_with_real_twin_error_tolerance_and_verdict(tmp_path: Path) -> None:
+    out = tmp_path / "f.json"
+    assert main(["fidelity", "--profile", PROFILE, str(RUN), "--json", str(out)]) == 0
+    rep = json.loads(out.read_text())
+    assert rep["profile"] == PROFILE and rep["default_tolerance"] == 0.10
+    (run,) = rep["runs"]
+    assert run["name"] == RUN.name and run["mode"] == "offline" and run["repeats"] == 1
+    assert set(run["items"]) == set(EXACT_ITEMS) | set(TOLERANCE_ITEMS)
+    for name, item in run["items"].items():
+        for key in ("kind", "real", "twin", "rel_error", "tolerance", "pass", "spread", "twin_recorded_steps"):
+            assert key in item, (name, key)
+        if item["kind"] == "tolerance":
+            assert item["tolerance"] == 0.10 and item["spread"] is None
+            assert item["pass"] == (abs(item["rel_error"]) <= 0.10)
+            assert item["real"] > 0 and item["twin"] > 0
+    # an offline run: the schedule does not depend on timing, so both replays reproduce it exactly
+    for name in ("steps", "composition", "preemptions", "prefix_cache_hits"):
+        assert run["items"][name]["pass"] is True and run["items"][name]["pass_recorded_steps"] is True, name
+    rec = load_recorded_run(RUN)
+    assert run["items"]["steps"]["real"] == len(rec.iterations)
+    # the replay with recorded step times reproduces the recorded step-time sum
+    s = run["items"]["step_time_sum_s"]
+    assert s["twin_recorded_steps"] == pytest.approx(s["real"], rel=1e-9)
+    assert rep["summary"]["items"] == rep["summary"]["passed"] + rep["summary"]["failed"] == len(run["items"])
+
+
+def test_repeats_widen_the_tolerance_to_the_real_spread(tmp_path: Path) -> None:
+    a = _copy(RUN, tmp_path / "a")
+    b = _copy(RUN, tmp_path / "b", time_scale=1.5)  # the same workload, every token 1.5x later
+    assert workload_key(load_recorded_run(a)) == workload_key(load_recorded_run(b))
+    rep = fidelity([a, b], profile=PROFILE)
+    for run in rep["runs"]:
+        assert run["repeats"] == 2
+        ttft = run["items"]["ttft_p50_s"]
+        assert ttft["spread"] == pytest.approx(0.2)  # values x and 1.5x: mean 1.25x, largest deviation 0.25x
+        assert ttft["tolerance"] == pytest.approx(0.2)
+        steps = run["items"]["step_time_sum_s"]  # iterations are the same in both copies
+        assert steps["spread"] == 0.0 and steps["tolerance"] == 0.10
+    assert spread([1.0]) is None and spread([2.0, 2.0]) == 0.0
+
+
+def test_different_workloads_are_not_repeats(tmp_path: Path) -> None:
+    other = FIX / "calibration" / "sweep-kv-pressure"
+    assert workload_key(load_recorded_run(RUN)) != workload_key(load_recorded_run(other))
+
+
+def test_exact_items_fail_when_the_recording_disagrees_and_the_exit_code_stays_0(tmp_path: Path) -> None:
+    rec = load_recorded_run(RUN)
+    bad = _copy(RUN, tmp_path / "bad", metrics={"num_preemptions": int(rec.metric("num_preemptions")) + 1})
+    out = tmp_path / "f.json"
+    assert main(["fidelity", "--profile", PROFILE, str(bad), "--json", str(out)]) == 0
+    item = json.loads(out.read_text())["runs"][0]["items"]["preemptions"]
+    assert item["pass"] is False and item["real"] == item["twin"] + 1
+
+
+def test_bad_input_exits_2(tmp_path: Path) -> None:
+    assert main(["fidelity", "--profile", PROFILE, str(tmp_path / "missing")]) == 2
+    assert main(["fidelity", "--profile", "no-such-profile", str(RUN)]) == 2
+    assert main(["fidelity", str(RUN)]) == 2  # --profile is required
+    skeleton = load_profile(PROFILE).spec.model_dump(mode="json")
+    skeleton["step_time"] = None
+    (tmp_path / "skeleton.yaml").write_text(yaml.safe_dump(skeleton))
+    assert main(["fidelity", "--profile", str(tmp_path / "skeleton.yaml"), str(RUN)]) == 2
+    broken = _copy(RUN, tmp_path / "broken")
+    (broken / "run.json").write_text("{}")
+    out = tmp_path / "f.json"
+    assert main(["fidelity", "--profile", PROFILE, str(broken), "--json", str(out)]) == 2
+    assert not out.exists()
