@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from twin.engine_settings import EngineSettings
+from twin.failures.config import FailoverConfig, FaultConfig, FaultRates
 from twin.policies import RouterConfig
 from twin.policies.admission import AdmissionConfig
 from twin.policies.queueing import QueueConfig as QueuePolicyConfig
@@ -151,6 +152,7 @@ class ClientConfig(_Model):
     max_retries: NonNegInt = 2
     honour_retry_after: bool = True
     retry_backoff_s: NonNegFloat = 1.0  # used when not honouring retry-after (or none was given)
+    connect_timeout_s: NonNegFloat = 1.0  # how long a connection to an unreachable region takes to fail
 
 
 class GatewayConfig(_Model):
@@ -186,6 +188,9 @@ class FleetSection(_Model):
     conversation: ConversationConfig = ConversationConfig()
     queue: QueueSectionConfig = QueueSectionConfig()
     policy: PolicyConfig = PolicyConfig()
+    faults: list[FaultConfig] = []
+    fault_rates: FaultRates = FaultRates()
+    failover: FailoverConfig = FailoverConfig()
     default_model: str = "large"
     free_tier_model: str | None = None  # route the free tier here (a ladder rung can switch it on)
 
@@ -201,6 +206,9 @@ class FleetSection(_Model):
         if self.free_tier_model is not None and self.free_tier_model not in self.models:
             raise ValueError(f"free_tier_model {self.free_tier_model!r} is not in models")
         regions = {r.name for r in self.topology.regions}
+        for f in self.faults:
+            if getattr(f, "region", None) is not None and f.region not in regions:
+                raise ValueError(f"fault {f.kind}: region {f.region!r} is not a topology region")
         for t in self.traffic.tenants:
             for r in t.residency or []:
                 if r not in regions:

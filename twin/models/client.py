@@ -20,7 +20,7 @@ from twin.models.tokens import TokenSeq
 from twin.policies import RequestFacts
 from twin.rng import stable_hash, stream
 
-RETRYABLE = {"user_rate_limited", "tenant_quota_exceeded", "queue_full", "replica_failed"}
+RETRYABLE = {"user_rate_limited", "tenant_quota_exceeded", "queue_full", "replica_failed", "region_unreachable"}
 
 
 @dataclass(slots=True)
@@ -41,6 +41,7 @@ class Turn:
     message_tokens: int
     output_tokens: int
     first_token_seen: bool = False
+    region: str = ""
 
 
 class Stream:
@@ -113,8 +114,17 @@ class Clients:
             return outcome
 
     def attempt(self, turn: Turn, attempt: int):
-        w, env, tr = self.w, self.env, self.cfg.traffic
+        w, env = self.w, self.env
         spec = turn.session
+        region = w.steer(spec.region, spec.tenant.residency)
+        if region is None:
+            yield env.timeout(self.cfg.client.connect_timeout_s)
+            reason = "region_unreachable" if not w.failed_over.get(spec.region, False) else "no_region_in_residency"
+            return Outcome("failed", reason)
+        turn.region = region
+        extra = w.extra_latency_s.get(region, 0.0)
+        if extra:
+            yield env.timeout(extra)
         decision = yield from w.gateway.admit(
             request_id=f"{turn.turn_id}/a{attempt}", user_id=spec.user_id, tenant=spec.tenant.name,
             tier=spec.tenant.tier, prompt_tokens=turn.message_tokens, expected_output_tokens=turn.output_tokens,
@@ -151,11 +161,18 @@ class Clients:
                                                         message_seg=message_seg, message_tokens=turn.message_tokens,
                                                         extra=extra)
         reason = None
-        if turn.klass == "tool":
+        resume = record.persisted_tokens if record.persisted_tokens < turn.output_tokens else 0
+        if resume:
+            # resume after a failure from the last persisted token: prompt + generated tokens re-prefill
+            pieces = [*pieces, ("seg", (answer_seg, resume))]
+            prompt_tokens += resume
+            w.rec.event(env.now, "request.resumed", "client", turn.turn_id, float(resume))
+        if turn.klass == "tool" and not resume:
             call_seg = stable_hash(f"toolcall/{turn.turn_id}")
             call_tokens = 60
             first = yield from self.generate(turn, pieces=pieces, prompt_tokens=prompt_tokens, output_tokens=call_tokens,
                                              output_segment=call_seg, gen="g0", needs_tools=True)
+            first.output_tokens = 0
             if first.kind != "completed":
                 conv.fail(record)
                 return first
@@ -164,8 +181,10 @@ class Clients:
                       ("seg", (stable_hash(f"toolresult/{turn.turn_id}"), tr.tool_result_tokens))]
             prompt_tokens += call_tokens + tr.tool_result_tokens
         outcome = yield from self.generate(turn, pieces=pieces, prompt_tokens=prompt_tokens,
-                                           output_tokens=turn.output_tokens, output_segment=answer_seg, gen="g1",
-                                           needs_tools=turn.klass == "tool")
+                                           output_tokens=turn.output_tokens - resume, output_segment=answer_seg,
+                                           gen=f"g1r{resume}" if resume else "g1", needs_tools=turn.klass == "tool",
+                                           output_offset=resume, record=record)
+        outcome.output_tokens += resume
         if outcome.kind == "completed":
             if conv.cfg.persist_latency_s:
                 yield env.timeout(conv.cfg.persist_latency_s)  # the committed response is durable
@@ -217,7 +236,7 @@ class Clients:
         return None
 
     def generate(self, turn: Turn, *, pieces, prompt_tokens: int, output_tokens: int, output_segment: int, gen: str,
-                 needs_tools: bool):
+                 needs_tools: bool, output_offset: int = 0, record=None):
         w, env, ccfg, rng = self.w, self.env, self.cfg.client, self.rng
         spec = turn.session
         model = self.model_for(turn, prompt_tokens + output_tokens, needs_tools)
@@ -225,12 +244,13 @@ class Clients:
             return Outcome("rejected", "no_capable_model")
         mcfg = self.cfg.models[model]
         gen_id = f"{turn.turn_id}/{gen}"
-        seq = TokenSeq(pieces, block_size=mcfg.engine.block_size, output_segment=output_segment)
+        seq = TokenSeq(pieces, block_size=mcfg.engine.block_size, output_segment=output_segment,
+                       output_offset=output_offset)
         n_hash = prompt_tokens // mcfg.engine.block_size
         facts = RequestFacts(request_id=gen_id, tenant=spec.tenant.name, tier=spec.tenant.tier,
                              session_id=spec.session_id, prompt_tokens=prompt_tokens,
                              expected_output_tokens=output_tokens, block_hashes=tuple(seq.block_hashes(n_hash)),
-                             model=model, region=spec.region,
+                             model=model, region=turn.region or spec.region,
                              allowed_regions=tuple(spec.tenant.residency) if spec.tenant.residency else None,
                              needs_long_context=turn.klass == "long_context")
         st = Stream(env)
@@ -244,7 +264,8 @@ class Clients:
                 st.disconnect_at = int(rng.integers(1, output_tokens + 1))
         entry = QueueEntry(facts=facts, tokens=prompt_tokens + output_tokens, priority=0, arrival_s=env.now,
                            dispatched=env.event(), allowed_regions=facts.allowed_regions)
-        entry.on_dispatch = lambda e, handle: self._submit(e, handle, seq, st, turn, output_tokens)
+        entry.on_dispatch = lambda e, handle: self._submit(e, handle, seq, st, turn, output_tokens, record,
+                                                           output_offset)
         from twin.policies.queueing import QueueItem
 
         deadline = self.cfg.queue.deadline_s
@@ -284,11 +305,12 @@ class Clients:
         reason = st.req.finished_reason
         if st.cancelled:
             return Outcome("cancelled", st.cancel_reason, output_tokens=st.delivered)
-        if reason == "abort":
-            return Outcome("failed", "replica_failed", output_tokens=st.delivered)
+        if reason in ("abort", "crashed"):
+            return Outcome("failed", "replica_failed", output_tokens=0)
         return Outcome("completed", reason, output_tokens=st.req.num_output)
 
-    def _submit(self, entry: QueueEntry, handle, seq: TokenSeq, st: Stream, turn: Turn, output_tokens: int) -> None:
+    def _submit(self, entry: QueueEntry, handle, seq: TokenSeq, st: Stream, turn: Turn, output_tokens: int, record,
+                output_offset: int) -> None:
         env = self.env
         req = EngineRequest(request_id=entry.facts.request_id, arrival_s=env.now, seq=seq, max_tokens=output_tokens,
                             target_output_tokens=output_tokens, tag=entry)
@@ -298,8 +320,12 @@ class Clients:
         marks = [x for x in (st.cancel_at, st.disconnect_at) if x is not None]
         req.watch_output = min(marks) if marks else None
 
+        conv = self.w.conversation
+
         def on_tokens(r: EngineRequest, m: int, t: float) -> None:
             st.delivered = r.num_output
+            if record is not None:
+                record.persisted_tokens = max(record.persisted_tokens, conv.persisted(output_offset + r.num_output))
             if not st.first.triggered:
                 st.first.succeed()
                 if not turn.first_token_seen:

@@ -18,7 +18,7 @@ from twin.models.recorder import Recorder
 from twin.models.replica import Replica
 from twin.models.router import ReplicaHandle, Router
 from twin.models.token_queue import TokenQueue
-from twin.rng import stable_hash, stream
+from twin.rng import stream
 
 
 def _seed_for(seed: int, replication: int, name: str) -> int:
@@ -81,15 +81,23 @@ class FleetWorld:
         self.conversation = ConversationService(fc.conversation)
         self.clients = Clients(self, seed=seed, replication=replication)
         self.sessions = sessions(fc.traffic, fc.topology, seed=seed, replication=replication, scale=fc.scale)
+        self.region_up: dict[str, bool] = {r.name: True for r in fc.topology.regions}
+        self.failed_over: dict[str, bool] = {r.name: False for r in fc.topology.regions}
+        self.extra_latency_s: dict[str, float] = {}
+        self.region_order = [r.name for r in fc.topology.regions]
+        from twin.failures.injector import FaultInjector
+
+        self.injector = FaultInjector(self, seed=seed, replication=replication)
+        self.dropped_streams = 0
         self.done = env.event()
         self._live = 0
-        _ = stable_hash  # (kept for scopes built from names elsewhere)
 
     # ---- run ------------------------------------------------------------------------------------
     def start(self) -> None:
         for h in self.handles:
             h.replica.start()
         self.router.start()
+        self.injector.start()
         self.env.process(self._scrape_kicks())
         self._live = len(self.sessions)
         for spec in self.sessions:
@@ -117,6 +125,22 @@ class FleetWorld:
             self.env.run(until=self.done)
         else:
             self.env.run(until=simpy.AnyOf(self.env, [self.done, self.env.timeout(horizon_s)]))
+
+    # ---- regions and DNS ----------------------------------------------------------------------------
+    def steer(self, home: str, allowed: list[str] | None) -> str | None:
+        """The region a user's requests reach now: home, or after DNS failover the first live region
+        inside the tenant's residency; None while DNS still points at a dead region (or none is allowed)."""
+        if self.region_up.get(home, True):
+            return home
+        if not self.failed_over.get(home, False):
+            return None  # DNS has not moved yet: connections to the lost region fail
+        for r in self.region_order:
+            if self.region_up[r] and (allowed is None or r in allowed):
+                return r
+        return None
+
+    def note_dropped(self, handle, n: int) -> None:
+        self.dropped_streams += n
 
     # ---- aggregates -----------------------------------------------------------------------------
     def engines(self) -> list[Engine]:

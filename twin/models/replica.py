@@ -43,8 +43,11 @@ class Replica:
         p = event_prefix
         self._k_queued, self._k_cancelled, self._k_preempted = f"{p}.queued", f"{p}.cancelled", f"{p}.preempted"
         self._k_scheduled, self._k_first, self._k_finished = f"{p}.scheduled", f"{p}.first_token", f"{p}.finished"
+        self._k_failed = f"{p}.failed"
         self.speed_factor = 1.0  # step times are multiplied by this (1.0 healthy; 2.0 = half speed)
-        self.healthy = True
+        self.decode_speedup = None  # callable(batch) -> speed-up of decode-only steps (speculative decoding)
+        self.healthy = True  # what a health check sees
+        self.down = False  # crashed (its process is gone until restart)
         self._wake: simpy.Event = env.event()
         self._busy = False
         self._pending_aborts: list[tuple[EngineRequest, str]] = []
@@ -55,10 +58,16 @@ class Replica:
     def start(self) -> None:
         if self.process is not None:
             raise RuntimeError(f"{self.scope} started twice")
+        if self.down:
+            raise RuntimeError(f"{self.scope} is down")
         self.process = self.env.process(self._run())
 
     # ---- inputs --------------------------------------------------------------------------------
     def submit(self, req: EngineRequest) -> None:
+        if self.down:  # connection refused: the request fails at once
+            self.rec.event(self.env.now, self._k_failed, self.scope, req.request_id, 0.0, "replica_down")
+            self.engine._finish(req, self.env.now, "crashed")
+            return
         self.engine.add(req)
         self.rec.event(self.env.now, self._k_queued, self.scope, req.request_id, float(req.prompt_tokens))
         self._levels()
@@ -75,8 +84,44 @@ class Replica:
         if not self._wake.triggered:
             self._wake.succeed()
 
+    # ---- faults ---------------------------------------------------------------------------------
+    def crash(self, reason: str = "crashed") -> list[EngineRequest]:
+        """The replica dies: its process stops mid-step and every live stream drops (KV is gone)."""
+        if self.down:
+            return []
+        self.down = True
+        self.healthy = False
+        if self.process is not None and self.process.is_alive:
+            self.process.interrupt(reason)
+        self.process = None
+        now = self.env.now
+        eng = self.engine
+        dropped = [*eng.running, *eng.waiting.items()]
+        for r in dropped:
+            eng.abort(r, now, "crashed")
+            self.rec.event(now, self._k_failed, self.scope, r.request_id, float(r.num_output), reason)
+        self._pending_aborts.clear()
+        self.rec.event(now, "replica.crashed", self.scope, None, float(len(dropped)), reason)
+        self._levels()
+        return dropped
+
+    def restart(self, engine: Engine) -> None:
+        """Back after recovery and warm-up, with a cold KV cache."""
+        self.engine = engine
+        self.down = False
+        self.healthy = True
+        self._wake = self.env.event()
+        self.rec.event(self.env.now, "replica.recovered", self.scope)
+        self.start()
+
     # ---- the engine loop -----------------------------------------------------------------------
     def _run(self):
+        try:
+            yield from self._loop()
+        except simpy.Interrupt:
+            return  # crashed: the step in flight is lost
+
+    def _loop(self):
         env, eng = self.env, self.engine
         while True:
             self._apply_aborts()
@@ -102,6 +147,8 @@ class Replica:
     def _one_step(self, step: Step):
         t0 = self.env.now
         d = self.step_model.step_time_s(step.shape) * self.speed_factor
+        if self.decode_speedup is not None and step.shape.prefill_requests == 0:
+            d /= self.decode_speedup(step.shape.decode_requests)
         yield self.env.timeout(d)
         self._log_iteration(step, t0, d)
         finished = self.engine.complete(step, self.env.now)
@@ -112,6 +159,8 @@ class Replica:
         t0 = env.now
         sh = step.shape
         durs = self.step_model.decode_run_s(sh.decode_requests, sh.decode_context_tokens, k) * self.speed_factor
+        if self.decode_speedup is not None:
+            durs = durs / self.decode_speedup(sh.decode_requests)
         ends = t0 + np.cumsum(durs)
         self._wake = env.event()
         yield env.timeout(float(ends[-1] - t0)) | self._wake

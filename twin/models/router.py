@@ -116,3 +116,8 @@ class Router:
     def _refresh(self, h: ReplicaHandle) -> None:
         i = h.index
         self.snapshots[i] = dataclasses.replace(self.snapshots[i], outstanding_tokens=h.outstanding_tokens)
+
+    def mark_unhealthy(self, replica_id: str) -> None:
+        """Passive health check: a connection failure marks the replica down before the next scrape."""
+        h = self.by_id[replica_id]
+        self.snapshots[h.index] = dataclasses.replace(self.snapshots[h.index], healthy=False)

@@ -24,9 +24,12 @@ Piece = tuple[int, ...]
 class TokenSeq:
     """An append-only token sequence made of pieces, with lazily extended block hashes."""
 
-    __slots__ = ("_pieces", "_length", "_hashes", "block_size", "_out_seg", "_out_len")
+    __slots__ = ("_pieces", "_length", "_hashes", "block_size", "_out_seg", "_out_len", "_out_off")
 
-    def __init__(self, pieces: Iterable[tuple[str, object]], *, block_size: int, output_segment: int) -> None:
+    def __init__(self, pieces: Iterable[tuple[str, object]], *, block_size: int, output_segment: int,
+                 output_offset: int = 0) -> None:
+        """``output_offset``: the output continues segment ``output_segment`` from this token (a resumed
+        answer whose first tokens are already in the prompt)."""
         self.block_size = block_size
         self._pieces: list[tuple[int, object, int]] = []  # (kind 0=ids 1=seg, payload, length)
         self._length = 0
@@ -44,6 +47,7 @@ class TokenSeq:
             else:
                 raise ValueError(f"unknown piece kind {kind!r}")
         self._out_seg = output_segment
+        self._out_off = output_offset
         self._out_len = 0
         self._hashes: list[int] = []
 
@@ -108,6 +112,8 @@ class TokenSeq:
                 z = min(end, p_end) - pos
                 if kind == 0:
                     out.extend(payload[a:z])  # type: ignore[index]
+                elif out and isinstance(out[-1], tuple) and out[-1][0] == payload and out[-1][2] == a:
+                    out[-1] = (payload, out[-1][1], z)  # contiguous pieces of one segment read as one
                 else:
                     out.append((payload, a, z))
             pos = p_end
@@ -116,7 +122,12 @@ class TokenSeq:
         if end > pos:  # the output segment
             a = max(start, pos) - pos
             z = end - pos
-            out.append((self._out_seg, a, z))  # same form as a ("seg", ...) piece: answers replay as history
+            off = self._out_off
+            seg = self._out_seg
+            if out and isinstance(out[-1], tuple) and out[-1][0] == seg and out[-1][2] == a + off:
+                out[-1] = (seg, out[-1][1], z + off)  # a resumed answer continues its own segment
+            else:
+                out.append((seg, a + off, z + off))  # same form as a ("seg", ...) piece: answers replay
         return tuple(out)
 
 
