@@ -28,6 +28,7 @@ import aiohttp
 from twin.router.local import free_port
 
 KEY = "sk-loadtest-000001"
+IDLE_PROBE_S = 5.0
 
 
 @dataclass
@@ -40,6 +41,11 @@ class PhaseResult:
     tokens: int = 0
     errors: int = 0
     peak_streams: int = 0
+    router_cpu_s: float = 0.0  # CPU seconds the router process used during the phase
+    client_cpu_s: float = 0.0  # this process (the load generator)
+    router_idle_cpu_s: float = 0.0  # what the router would have used idle (scrapes) over the same time
+    loadavg_1m: float = 0.0  # the host's 1-minute load average at the end of the phase
+    emulators_cpu_s: float = 0.0
 
     def pct(self, values: list[float], q: float) -> float:
         if not values:
@@ -127,6 +133,15 @@ def _wait_healthy(port: int, proc: subprocess.Popen, timeout_s: float = 60.0) ->
     raise RuntimeError(f"port {port} not healthy after {timeout_s} s")
 
 
+def _cpu_s(pid: int) -> float:
+    """utime + stime of a process, from /proc (Linux); 0 elsewhere."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _start(args: list[str]) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "twin", *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, process_group=0)
@@ -164,9 +179,21 @@ def run(args: argparse.Namespace) -> list[tuple[PhaseResult, PhaseResult]]:
             routed = [f"http://127.0.0.1:{rport}"]
             kw = dict(duration_s=args.duration_s, prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens,
                       request_timeout_s=args.request_timeout_s)
+            router_pid, emu_pids = procs[-1].pid, [p.pid for p in procs[:-1]]
+            c0 = _cpu_s(router_pid)
+            time.sleep(IDLE_PROBE_S)  # the router's idle CPU (scrapes), subtracted from its per-request cost
+            idle_cpu_per_s = (_cpu_s(router_pid) - c0) / IDLE_PROBE_S
             for n in args.streams:
-                d = asyncio.run(_phase("direct", direct, streams=n, seed=1, **kw))
-                r = asyncio.run(_phase("router", routed, streams=n, seed=2, **kw))
+                pair = []
+                for name, targets, seed in (("direct", direct, 1), ("router", routed, 2)):
+                    c0, e0, l0 = _cpu_s(router_pid), sum(map(_cpu_s, emu_pids)), time.process_time()
+                    res = asyncio.run(_phase(name, targets, streams=n, seed=seed, **kw))
+                    res.client_cpu_s = time.process_time() - l0
+                    res.loadavg_1m = os.getloadavg()[0]
+                    res.router_cpu_s, res.emulators_cpu_s = _cpu_s(router_pid) - c0, sum(map(_cpu_s, emu_pids)) - e0
+                    res.router_idle_cpu_s = idle_cpu_per_s * args.duration_s
+                    pair.append(res)
+                d, r = pair
                 out.append((d, r))
                 _report(d, r)
         finally:
@@ -183,11 +210,15 @@ def _report(d: PhaseResult, r: PhaseResult) -> None:
         print(f"  {x.name:6s}: {n} requests ({n / x.duration_s:.1f}/s, {x.tokens / x.duration_s:.0f} tok/s), "
               f"errors {x.errors}, peak concurrent streams {x.peak_streams}, "
               f"TTFT p50 {x.pct(x.ttft_s, .5) * ms:.1f} ms p99 {x.pct(x.ttft_s, .99) * ms:.1f} ms, "
-              f"E2E p50 {x.pct(x.e2e_s, .5) * ms:.1f} ms")
+              f"E2E p50 {x.pct(x.e2e_s, .5) * ms:.1f} ms; CPU s: emulators {x.emulators_cpu_s:.1f}, "
+              f"router {x.router_cpu_s:.1f}, client {x.client_cpu_s:.1f}; host load {x.loadavg_1m:.1f}")
     print(f"  router overhead: TTFT p50 {(r.pct(r.ttft_s, .5) - d.pct(d.ttft_s, .5)) * ms:+.1f} ms, "
           f"p99 {(r.pct(r.ttft_s, .99) - d.pct(d.ttft_s, .99)) * ms:+.1f} ms; "
           f"E2E p50 {(r.pct(r.e2e_s, .5) - d.pct(d.e2e_s, .5)) * ms:+.1f} ms; "
-          f"throughput ratio router/direct {len(r.ttft_s) / max(1, len(d.ttft_s)):.2f}", flush=True)
+          f"throughput ratio router/direct {len(r.ttft_s) / max(1, len(d.ttft_s)):.2f}; "
+          f"router CPU {(r.router_cpu_s - r.router_idle_cpu_s) / max(1, len(r.ttft_s) + r.errors) * ms:.2f} ms per "
+          f"request net of idle scraping "
+          f"(host: {os.cpu_count()} CPUs shared by client, router and emulators)", flush=True)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
