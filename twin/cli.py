@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("twin.commands.run", "run a scenario and write its tables, manifest and summary"),
     "validate": ("twin.commands.validate", "check scenario files without running them"),
     "replay": ("twin.commands.replay", "replay a recorded real-engine run on one simulated replica"),
+    "drill": ("twin.commands.drill", "run an on-call drill (region loss) and print its timeline"),
     "record": ("twin.commands.record", "record real vLLM runs (CPU, dummy weights) as recorded-run folders"),
     "calibrate": ("twin.commands.calibrate", "fit an engine profile's step times from recorded real-engine runs"),
     "fidelity": ("twin.commands.fidelity", "the twin's error on recorded runs, item by item, with tolerances"),
@@ -25,6 +26,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "emulate": ("twin.commands.emulate", "serve one emulated replica (twin engine + profile) with an OpenAI API"),
     "router": ("twin.commands.router", "OpenAI-compatible router over vLLM servers using a twin routing policy"),
     "report": ("twin.commands.report", "write a self-contained HTML report (charts, key tables) of a run folder"),
+    "sweep": ("twin.commands.sweep", "run scenarios x policies x seeds (local processes or dask), one folder per run"),
+    "results": ("twin.commands.results", "query a sweep folder with SQL (DuckDB) or summarise it across seeds"),
+    "check": ("twin.commands.check", "CI policy gate: a small fleet suite per router vs committed baselines"),
 }
 
 

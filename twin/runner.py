@@ -220,5 +220,7 @@ def _run_fleet(scenario, seed, replication, result, t0) -> None:
     events = events_table(world.rec)
     reqs = requests_table(events, attrs=world.turn_attrs)
     result.tables = {"events": events, "levels": levels_table(world.rec), "requests": reqs}
+    if scenario.output.record_iterations:
+        result.tables["iterations"] = iterations_table(world.rec)
     result.summary = fleet_summary(world, reqs, end_s=end, wall_s=time.perf_counter() - t0, slo=scenario.slo)
     result.world = world

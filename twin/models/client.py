@@ -118,8 +118,8 @@ class Clients:
         spec = turn.session
         region = w.steer(spec.region, spec.tenant.residency)
         if region is None:
-            yield env.timeout(self.cfg.client.connect_timeout_s)
             reason = "region_unreachable" if not w.failed_over.get(spec.region, False) else "no_region_in_residency"
+            yield env.timeout(self.cfg.client.connect_timeout_s)
             return Outcome("failed", reason)
         turn.region = region
         extra = w.extra_latency_s.get(region, 0.0)
