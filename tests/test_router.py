@@ -300,3 +300,20 @@ def test_router_metrics_count_decisions_and_in_flight(fleet_factory) -> None:
     assert 'twin_router_decisions_total{policy="round_robin",replica="upstream1"} 2.0' in text
     assert "twin_router_requests_in_flight 0.0" in text
     assert request(fleet.router_port, "/health", method="GET", key=None)[0] == 200
+
+
+def test_no_healthy_upstream_is_503_and_refunds_the_quota() -> None:
+    servers = LocalServers()
+    try:
+        dead = free_port()  # nothing listens there
+        router = RouterService(policy={"kind": "least_outstanding_tokens"}, upstreams=[f"http://127.0.0.1:{dead}"],
+                               keys=KEYS, config=RouterServiceConfig(scrape_interval_s=0.05))
+        port = servers.start(router.app())
+        assert request(port, "/health", method="GET", key=None)[0] == 503
+        body = {"prompt": list(range(10)), "max_tokens": 50}  # 60 of tenant-q's 100 tokens per minute
+        for _ in range(3):  # without the refund the second would be a 429
+            status, _, raw = request(port, "/v1/completions", body, key=KEY_Q)
+            assert status == 503 and json.loads(raw)["error"]["type"] == "server_error"
+        assert router.m_rejected.get("no_replica") == 3 and router.m_rejected.get("quota") == 0
+    finally:
+        servers.close()

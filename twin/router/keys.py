@@ -76,3 +76,7 @@ class TokenBucket:
         if cost > self.capacity:
             return 60.0  # can never fit one minute's quota: the client must send less
         return max(1.0, math.ceil((cost - self.level) / self.rate_per_s))
+
+    def refund(self, cost: int) -> None:
+        """Give back a charge for a request that was refused after all (no replica could take it)."""
+        self.level = min(self.capacity, self.level + cost)

@@ -280,6 +280,8 @@ class RouterService:
         if self.cfg.record_decisions:
             self.log.append(LogEntry("route", now, request=facts, replicas=snaps, decision=decision))
         if rid is None:
+            if tenant in self.buckets:
+                self.buckets[tenant].refund(parsed.prompt_tokens + parsed.max_tokens)
             return self._error(ApiError(503, "no healthy upstream can take this request", type_="server_error",
                                         reason="no_replica"), endpoint)
         up = self.upstreams[rid]
