@@ -82,25 +82,7 @@ class SurgeConfig(_Model):
     ramp_s: NonNegFloat = 60.0
     hold_s: PosFloat = 600.0
     multiplier: PosFloat = 10.0
-
-
-class TenantConfig(_Model):
-    name: str
-    share: Fraction
-    tier: Tier = "free"
-    residency: list[str] | None = None  # allowed regions; None = anywhere
-    system_prompt_tokens: NonNegInt = 800
-    tools_tokens: NonNegInt = 0
-    prompt_version: str = "v1"
-
-
-class LengthConfig(_Model):
-    """A lognormal length with the given mean (tokens), clipped to [min, max]."""
-
-    mean: PosFloat
-    sigma: NonNegFloat = 0.8
-    min: PosInt = 1
-    max: PosInt = 100_000
+    tenant: str | None = None  # only this tenant's traffic surges (e.g. an app whose prompt went viral)
 
 
 class ClassMix(_Model):
@@ -111,6 +93,26 @@ class ClassMix(_Model):
     tool: NonNegFloat = 0.05
     background: NonNegFloat = 0.05
     long_context: NonNegFloat = 0.05
+
+
+class TenantConfig(_Model):
+    name: str
+    share: Fraction
+    tier: Tier = "free"
+    residency: list[str] | None = None  # allowed regions; None = anywhere
+    system_prompt_tokens: NonNegInt = 800
+    tools_tokens: NonNegInt = 0
+    prompt_version: str = "v1"
+    classes: ClassMix | None = None  # this tenant's class mix (default: the traffic's)
+
+
+class LengthConfig(_Model):
+    """A lognormal length with the given mean (tokens), clipped to [min, max]."""
+
+    mean: PosFloat
+    sigma: NonNegFloat = 0.8
+    min: PosInt = 1
+    max: PosInt = 100_000
 
 
 class PopulationTraffic(_Model):
@@ -209,6 +211,10 @@ class FleetSection(_Model):
         for f in self.faults:
             if getattr(f, "region", None) is not None and f.region not in regions:
                 raise ValueError(f"fault {f.kind}: region {f.region!r} is not a topology region")
+        tenants = {t.name for t in self.traffic.tenants}
+        for sg in self.traffic.surges:
+            if sg.tenant is not None and sg.tenant not in tenants:
+                raise ValueError(f"surge tenant {sg.tenant!r} is not a traffic tenant")
         for t in self.traffic.tenants:
             for r in t.residency or []:
                 if r not in regions:

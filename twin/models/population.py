@@ -58,13 +58,34 @@ def diurnal_shape(hour: float, peak_factor: float, peak_hour: float) -> float:
     return math.exp(k * math.cos(2.0 * math.pi * (hour - peak_hour) / 24.0)) / float(np.i0(k))
 
 
+def _one_surge(t_s: float, s) -> float:
+    if t_s < s.start_s or t_s > s.start_s + s.ramp_s + s.hold_s:
+        return 1.0
+    ramp = 1.0 if s.ramp_s == 0 else min((t_s - s.start_s) / s.ramp_s, 1.0)
+    return 1.0 + (s.multiplier - 1.0) * ramp
+
+
+def tenant_weights(t_s: float, traffic: PopulationTraffic) -> list[float]:
+    """Each tenant's share of traffic at ``t_s``, with its own surges applied (not normalised)."""
+    out = []
+    for tenant in traffic.tenants:
+        w = tenant.share
+        for s in traffic.surges:
+            if s.tenant == tenant.name:
+                w *= _one_surge(t_s, s)
+        out.append(w)
+    return out
+
+
 def surge_factor(t_s: float, traffic: PopulationTraffic) -> float:
+    """Whole-population surges times the extra traffic of tenant-specific surges."""
     f = 1.0
     for s in traffic.surges:
-        if t_s < s.start_s or t_s > s.start_s + s.ramp_s + s.hold_s:
-            continue
-        ramp = 1.0 if s.ramp_s == 0 else min((t_s - s.start_s) / s.ramp_s, 1.0)
-        f *= 1.0 + (s.multiplier - 1.0) * ramp
+        if s.tenant is None:
+            f *= _one_surge(t_s, s)
+    if any(s.tenant is not None for s in traffic.surges):
+        base = sum(t.share for t in traffic.tenants)
+        f *= sum(tenant_weights(t_s, traffic)) / base if base > 0 else 1.0
     return f
 
 
@@ -97,6 +118,13 @@ def sessions(traffic: PopulationTraffic, topology: TopologyConfig, *, seed: int,
     c_share = np.array([cls.chat, cls.retrieval, cls.tool, cls.background, cls.long_context], dtype=float)
     c_share = c_share / c_share.sum()
     regions = topology.regions
+    has_tenant_surges = any(s.tenant is not None for s in traffic.surges)
+    tenant_classes = {}
+    for tn in tenants:
+        if tn.classes is not None:
+            c = tn.classes
+            v = np.array([c.chat, c.retrieval, c.tool, c.background, c.long_context], dtype=float)
+            tenant_classes[tn.name] = v / v.sum()
     out: list[SessionSpec] = []
     t = 0.0
     n = 0
@@ -107,12 +135,16 @@ def sessions(traffic: PopulationTraffic, topology: TopologyConfig, *, seed: int,
             break
         if rng.random() * peak > turn_rate_per_s(t, traffic, scale) / mean_turns:
             continue
-        tenant = tenants[int(rng.choice(len(tenants), p=t_share))]
+        if has_tenant_surges:
+            w = np.array(tenant_weights(t, traffic), dtype=float)
+            tenant = tenants[int(rng.choice(len(tenants), p=w / w.sum()))]
+        else:
+            tenant = tenants[int(rng.choice(len(tenants), p=t_share))]
         allowed = [r for r in regions if tenant.residency is None or r.name in tenant.residency]
         r_share = np.array([r.share for r in allowed], dtype=float)
         r_share = r_share / r_share.sum() if r_share.sum() > 0 else np.full(len(allowed), 1.0 / len(allowed))
         region = allowed[int(rng.choice(len(allowed), p=r_share))].name
-        klass = CLASSES[int(rng.choice(len(CLASSES), p=c_share))]
+        klass = CLASSES[int(rng.choice(len(CLASSES), p=tenant_classes.get(tenant.name, c_share)))]
         turns = 1 if klass == "background" else int(rng.geometric(p_turns))
         out.append(SessionSpec(session_id=f"s{n:07d}", user_id=f"u{n:07d}", start_s=float(t), tenant=tenant,
                                region=region, klass=klass, turns=turns))

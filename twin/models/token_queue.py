@@ -108,13 +108,13 @@ class TokenQueue:
         try:
             heap = self._heap
             blocked: list[tuple[int, int, QueueEntry]] = []
-            blocked_models: set[tuple[str, tuple[str, ...] | None]] = set()
+            blocked_models: set[tuple] = set()
             while heap:
                 item = heapq.heappop(heap)
                 e = item[2]
                 if e.removed:
                     continue
-                key = (e.facts.model, e.allowed_regions)
+                key = (e.facts.model, e.allowed_regions, e.facts.needs_long_context)  # same candidate set
                 if key in blocked_models:
                     blocked.append(item)
                     if len(blocked) >= 64:  # the rest waits for the next kick; order is kept by the heap
