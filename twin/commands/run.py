@@ -18,6 +18,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a scenario field by dotted path, e.g. workload.num_requests=200")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    p.add_argument("--report", action="store_true",
+                   help="also write report.html and report.md into the output folder and print the tier tables "
+                        "(needs the 'report' extra for the HTML)")
+    p.add_argument("--baseline", default=None, metavar="RUN_DIR", help="compare the report with this earlier run")
 
 
 def format_summary(summary: dict, *, title: str) -> str:
@@ -70,5 +74,20 @@ def run(args: argparse.Namespace) -> int:
                   files={"manifest.json": dumps(result.manifest), "summary.json": dumps(result.summary)})
     if not args.quiet:
         print(format_summary(result.summary, title=f"{scenario.name} (seed {seed})"))
+    if args.report:
+        from twin.report import ReportError, load_run, render_markdown, write_report
+
+        try:
+            baseline = load_run(args.baseline) if args.baseline else None
+            html_path, md_path = write_report(out, out / "report.html", baseline=baseline)
+        except (ReportError, ImportError) as exc:
+            print(f"twin run: report not written: {exc} (pip install 'twin[report]' for the HTML)", file=sys.stderr)
+            return 2
+        if not args.quiet:
+            md = render_markdown(load_run(out), baseline)
+            start = md.find("## Per tier")
+            print("\n" + (md[start:] if start >= 0 else md).strip())
+            print(f"\nreport: {html_path} and {md_path}")
+    if not args.quiet:
         print(f"\nwrote {out}/")
     return 0
