@@ -324,8 +324,6 @@ class Clients:
 
         def on_tokens(r: EngineRequest, m: int, t: float) -> None:
             st.delivered = r.num_output
-            if record is not None:
-                record.persisted_tokens = max(record.persisted_tokens, conv.persisted(output_offset + r.num_output))
             if not st.first.triggered:
                 st.first.succeed()
                 if not turn.first_token_seen:
@@ -342,6 +340,9 @@ class Clients:
             r.watch_output = min(marks) if marks else None
 
         def on_finished(r: EngineRequest) -> None:
+            st.delivered = r.num_output
+            if record is not None:  # streamed batches persisted so far bound what a resume can recover
+                record.persisted_tokens = max(record.persisted_tokens, conv.persisted(output_offset + r.num_output))
             self.w.router.done(entry.facts, handle.scope)
             self.w.queue.drained(r.prompt_tokens + r.num_output)
             self.w.gateway.completed(entry.facts.request_id, r.prompt_tokens + r.num_output)
@@ -356,5 +357,5 @@ class Clients:
     def _reconnect(self, turn: Turn, st: Stream):
         """The browser reconnects and resumes from the last persisted token (retained events after it)."""
         yield self.env.timeout(self.cfg.client.reconnect_delay_s)
-        persisted = self.w.conversation.persisted(st.delivered)
+        persisted = self.w.conversation.persisted(st.req.num_output if st.req is not None else st.delivered)
         self.w.rec.event(self.env.now, "stream.resumed", "client", turn.turn_id, float(persisted))

@@ -332,7 +332,8 @@ class Engine:
             seq = r.seq
             if r.status != RUNNING or r.num_computed < seq.num_tokens:
                 continue  # a non-final prefill chunk: its sampled token is discarded
-            if r.num_output == 0 or r.on_tokens is not None:
+            w = r.watch_output
+            if r.num_output == 0 or (w is not None and r.num_output + 1 >= w):
                 self._emit(r, 1, end_s, end_s)
             else:  # inlined _emit for the common decode case
                 itl_v.append(end_s - r.last_token_s)
@@ -365,9 +366,10 @@ class Engine:
         r.seq.append_output(m)
         r.num_output += m
         self.generation_tokens += m
+        first = r.num_output == m
         r.last_token_s = last_s
-        if r.on_tokens is not None:
-            r.on_tokens(r, m, last_s)
+        if r.on_tokens is not None and (first or (r.watch_output is not None and r.num_output >= r.watch_output)):
+            r.on_tokens(r, m, last_s)  # only at the first token and at a watched count, not per token
 
     def _retire(self, finished: list[EngineRequest], end_s: float) -> None:
         done = set(map(id, finished))

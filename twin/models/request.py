@@ -63,7 +63,7 @@ class EngineRequest:
         self.finish_s: float | None = None
         self.finished_reason: str | None = None
         self.token_times: list[float] | None = [] if record_token_times else None
-        self.on_tokens = None  # optional callback(req, n_new, t_last_s) for streaming clients
+        self.on_tokens = None  # callback(req, n_new, t_s) at the first token and when num_output reaches watch_output
         self.on_finished = None  # optional callback(req)
         self.tag = tag
         self.group: str | None = None  # a label (e.g. tier) for per-group inter-token statistics

@@ -1,0 +1,68 @@
+"""The 10M-user note's fleet at its daily peak (issue 9): every component on, three regions.
+
+Workload: `scenarios/baseline-day.yaml` at the peak hour (start_hour 14.0) with the gateway's composite
+admission (retry budget + per-user token buckets), the token-aware queue with deadlines, the llm-d-style
+scorer router, prefix caching, multi-turn chat with shared system prompts; sessions arrive for
+``--sim-s`` simulated seconds and the clock stops there (horizon). Cases: the fleet at ``--scale``
+(1.0 = ~540 TP4 replicas and ~5,200 turns/s at peak) and the same fleet at 0.25x, 1x and 4x of it, to
+show how wall time grows with fleet size. Compared against: real time (sim_s_per_wall_s > 1 is faster
+than real time) and, across cases, linear growth in fleet size.
+
+    python -m benchmarks.fleet [--scale 0.02] [--sim-s 600] [--multiples 0.25,1,4]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from benchmarks.common import emit, log, measure, table
+from twin.runner import run_scenario
+from twin.scenario import load_scenario
+
+OVERRIDES = [
+    "fleet.traffic.start_hour=14.0",
+    "fleet.gateway.admission={kind: composite, policies: [{kind: retry_budget, ratio: 0.2, min_retries_per_window: 10, "
+    "window_s: 10}, {kind: token_bucket, tokens_per_s: 200, burst_tokens: 40000}]}",
+    "fleet.policy.router={kind: llm_d_scorer}",
+    "output.levels_interval_s=5.0",
+]
+
+
+def run_case(case: str, *, scale: float, sim_s: float) -> dict:
+    sc = load_scenario("scenarios/baseline-day.yaml", overrides=[
+        *OVERRIDES, f"fleet.scale={scale}", f"fleet.traffic.duration_s={sim_s}", f"horizon_s={sim_s}"])
+    res, wall = measure(lambda: run_scenario(sc))
+    assert res.ok, res.manifest["exception"]
+    w = res.world
+    events = next(w.env._eid)  # SimPy's event counter: every event scheduled in the run
+    s = res.summary
+    return emit(case, sim_requests=s["requests"]["arrived"], sim_s=s["sim_time_s"], events=events, wall_s=wall,
+                extra={"scale": scale, "replicas": s["fleet"]["replicas"],
+                       "turns_per_sim_s": s["requests"]["arrived"] / s["sim_time_s"],
+                       "completed": s["requests"]["completed"], "ttft_p50_s": s["ttft_s"]["p50"]})
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--scale", type=float, default=0.02, help="fleet.scale of the 1x case (1.0 = the full fleet)")
+    ap.add_argument("--sim-s", type=float, default=600.0)
+    ap.add_argument("--multiples", default="0.25,1,4")
+    args = ap.parse_args(argv)
+    rows = []
+    for m in [float(x) for x in args.multiples.split(",")]:
+        scale = min(args.scale * m, 1.0)
+        log(f"fleet at scale {scale:g} for {args.sim_s:g} simulated s ...")
+        rows.append(run_case(f"fleet_peak_x{m:g}", scale=scale, sim_s=args.sim_s))
+    print(table(rows, ["case", "replicas", "sim_requests", "sim_s_per_wall_s", "sim_requests_per_wall_s",
+                       "events_per_wall_s", "wall_s", "peak_rss_mb"]))
+    if len(rows) > 1:
+        base = rows[0]
+        for r in rows[1:]:
+            size = r["replicas"] / base["replicas"]
+            print(f"{r['case']}: {size:.2f}x the replicas of {base['case']}, wall {r['wall_s'] / base['wall_s']:.2f}x "
+                  f"(linear would be {size:.2f}x; ratio to linear {r['wall_s'] / base['wall_s'] / size:.2f})")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
