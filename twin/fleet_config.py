@@ -14,6 +14,9 @@ from twin.engine_settings import EngineSettings
 from twin.failures.config import FailoverConfig, FaultConfig, FaultRates
 from twin.policies import RouterConfig
 from twin.policies.admission import AdmissionConfig
+from twin.policies.alerts import AlertRule
+from twin.policies.autoscaling import AutoscalerConfig
+from twin.policies.ladder import LadderConfig
 from twin.policies.queueing import QueueConfig as QueuePolicyConfig
 
 
@@ -180,6 +183,30 @@ class PolicyConfig(_Model):
     router: RouterConfig = Field(default={"kind": "least_outstanding_tokens"}, validate_default=True)
 
 
+class LadderSection(_Model):
+    """The degradation ladder: a ``twin.policies`` ladder and the model the free tier falls back to."""
+
+    policy: LadderConfig = Field(default={"kind": "threshold_ladder"}, validate_default=True)
+    small_model: str | None = None  # the free tier's fallback model when that rung is on
+
+
+class ProviderConfig(_Model):
+    """An external API provider the gateway can burst to."""
+
+    ttft_s: NonNegFloat = 0.6
+    tokens_per_s: PosFloat = 60.0  # per stream
+    max_rps: PosFloat = 50.0  # its rate limit (turns per second)
+    usd_per_m_output_tokens: NonNegFloat = 10.0
+
+
+class AutoscalingSection(_Model):
+    policy: AutoscalerConfig
+    provisioning_delay_s: NonNegFloat = 600.0  # new capacity: order, boot, load weights, warm up
+    region: str | None = None  # where new nodes go (default: the first region)
+    model: str | None = None  # which model they serve (default: the default model)
+    provider: ProviderConfig = ProviderConfig()
+
+
 class FleetSection(_Model):
     scale: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0  # scales node counts (rounded, >= 1) and traffic together
     topology: TopologyConfig
@@ -190,6 +217,11 @@ class FleetSection(_Model):
     conversation: ConversationConfig = ConversationConfig()
     queue: QueueSectionConfig = QueueSectionConfig()
     policy: PolicyConfig = PolicyConfig()
+    control_interval_s: PosFloat = 5.0  # how often the ladder, autoscaler and alerts evaluate
+    signal_window_s: PosFloat = 30.0  # the window of the latency percentiles they read
+    ladder: LadderSection | None = None
+    autoscaling: AutoscalingSection | None = None
+    alerts: list[AlertRule] = []
     faults: list[FaultConfig] = []
     fault_rates: FaultRates = FaultRates()
     failover: FailoverConfig = FailoverConfig()
@@ -208,6 +240,13 @@ class FleetSection(_Model):
         if self.free_tier_model is not None and self.free_tier_model not in self.models:
             raise ValueError(f"free_tier_model {self.free_tier_model!r} is not in models")
         regions = {r.name for r in self.topology.regions}
+        if self.ladder is not None and self.ladder.small_model is not None and self.ladder.small_model not in self.models:
+            raise ValueError(f"ladder.small_model {self.ladder.small_model!r} is not in models")
+        if self.autoscaling is not None:
+            if self.autoscaling.region is not None and self.autoscaling.region not in regions:
+                raise ValueError(f"autoscaling.region {self.autoscaling.region!r} is not a topology region")
+            if self.autoscaling.model is not None and self.autoscaling.model not in self.models:
+                raise ValueError(f"autoscaling.model {self.autoscaling.model!r} is not in models")
         for f in self.faults:
             if getattr(f, "region", None) is not None and f.region not in regions:
                 raise ValueError(f"fault {f.kind}: region {f.region!r} is not a topology region")

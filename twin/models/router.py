@@ -23,7 +23,7 @@ class ReplicaHandle:
     """What the fleet knows about one replica besides the engine: placement and model."""
 
     __slots__ = ("replica", "region", "node", "model", "pool", "max_model_len", "outstanding_tokens",
-                 "pending_since_scrape", "index")
+                 "pending_since_scrape", "index", "draining", "started_s", "removed_s")
 
     def __init__(self, replica: Replica, *, region: str, node: str, model: str, pool: str, max_model_len: int,
                  index: int) -> None:
@@ -36,6 +36,9 @@ class ReplicaHandle:
         self.outstanding_tokens = 0
         self.pending_since_scrape = 0
         self.index = index
+        self.draining = False  # taken out of rotation by the autoscaler
+        self.started_s = 0.0  # when it started costing GPU-hours
+        self.removed_s: float | None = None
 
     @property
     def scope(self) -> str:
@@ -72,7 +75,8 @@ class Router:
         for h in self.handles:
             eng = h.replica.engine
             snaps.append(ReplicaSnapshot(
-                replica_id=h.scope, region=h.region, model=h.model, pool=h.pool, healthy=h.replica.healthy,
+                replica_id=h.scope, region=h.region, model=h.model, pool=h.pool,
+                healthy=h.replica.healthy and not h.draining,
                 num_running=len(eng.running), num_waiting=len(eng.waiting), kv_usage=min(max(eng.kv.usage(), 0.0), 1.0),
                 outstanding_tokens=h.outstanding_tokens, max_model_len=h.max_model_len, scraped_at_s=now))
             h.pending_since_scrape = 0
@@ -121,3 +125,13 @@ class Router:
         """Passive health check: a connection failure marks the replica down before the next scrape."""
         h = self.by_id[replica_id]
         self.snapshots[h.index] = dataclasses.replace(self.snapshots[h.index], healthy=False)
+
+    def add_replica(self, h: ReplicaHandle) -> None:
+        """New capacity joins; it is visible to the policy from the next scrape."""
+        self.by_id[h.scope] = h
+        self._by_model.setdefault(h.model, []).append(h.index)
+        eng = h.replica.engine
+        self.snapshots.append(ReplicaSnapshot(
+            replica_id=h.scope, region=h.region, model=h.model, pool=h.pool, healthy=h.replica.healthy,
+            num_running=len(eng.running), num_waiting=len(eng.waiting), kv_usage=0.0, outstanding_tokens=0,
+            max_model_len=h.max_model_len, scraped_at_s=self.env.now))
