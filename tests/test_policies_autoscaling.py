@@ -45,7 +45,7 @@ def simulate(policy: BaseAutoscaler, *, load_tokens_per_s: float, steps: int = 4
         t = i * dt
         ready += sum(1 for b in booting if b <= t)
         booting = [b for b in booting if b > t]
-        d = policy.decide(sig(t, ready=ready, prov=len(booting), util=util, drain=load_tokens_per_s))
+        d = policy.evaluate(sig(t, ready=ready, prov=len(booting), util=util, drain=load_tokens_per_s))
         booting += [t + boot_s] * d.add
         ready -= d.remove
         out.append(ready + len(booting))
@@ -69,9 +69,9 @@ def test_registry_types_and_validation() -> None:
     with pytest.raises(ValidationError, match="extra"):
         build_autoscaler({"kind": "gpu_utilization", "target": 0.7}, seed=0)
     p = backlog()
-    p.decide(sig(5.0))
+    p.evaluate(sig(5.0))
     with pytest.raises(ValueError, match="time went back"):
-        p.decide(sig(4.0))
+        p.evaluate(sig(4.0))
 
 
 # ------------------------------------------------------------------------------------ the headline pair
@@ -96,55 +96,55 @@ def test_backlog_desired_replicas_formula() -> None:
     # 50k tokens to clear in 10 s = 5000 tok/s, plus 2500 tok/s being served = 7.5 replicas -> 8
     assert p.desired_replicas(sig(0.0, backlog=50_000, drain=2_500.0)) == 8
     assert p.desired_replicas(sig(0.0, backlog=0, drain=3_000.0)) == 3  # exact: no extra replica
-    d = p.decide(sig(0.0, backlog=50_000, eta=20.0, ready=3, drain=2_500.0))
+    d = p.evaluate(sig(0.0, backlog=50_000, eta=20.0, ready=3, drain=2_500.0))
     assert (d.add, d.remove, d.burst_share) == (5, 0, 0.0) and d.reason.startswith("up:")
 
 
 def test_provisioning_replicas_are_counted() -> None:
     p = backlog()
     s = dict(backlog=50_000, eta=20.0, drain=2_500.0)
-    assert p.decide(sig(0.0, ready=3, prov=0, **s)).add == 5  # type: ignore[arg-type]
-    assert p.decide(sig(10.0, ready=3, prov=5, **s)).add == 0  # type: ignore[arg-type]
-    assert p.decide(sig(20.0, ready=3, prov=3, **s)).add == 2  # type: ignore[arg-type]
+    assert p.evaluate(sig(0.0, ready=3, prov=0, **s)).add == 5  # type: ignore[arg-type]
+    assert p.evaluate(sig(10.0, ready=3, prov=5, **s)).add == 0  # type: ignore[arg-type]
+    assert p.evaluate(sig(20.0, ready=3, prov=3, **s)).add == 2  # type: ignore[arg-type]
     # and nothing is removed while replicas are still booting, even when the load has vanished
-    d = p.decide(sig(1000.0, ready=3, prov=5))
+    d = p.evaluate(sig(1000.0, ready=3, prov=5))
     assert (d.add, d.remove) == (0, 0) and "provisioning" in d.reason
 
 
 def test_scale_down_waits_for_cooldown_and_a_calm_queue() -> None:
     p = backlog(cooldown_s=300.0)
-    assert p.decide(sig(0.0, backlog=90_000, eta=30.0, ready=2, drain=1_000.0)).add == 8
-    d = p.decide(sig(100.0, ready=10, drain=1_000.0))
+    assert p.evaluate(sig(0.0, backlog=90_000, eta=30.0, ready=2, drain=1_000.0)).add == 8
+    d = p.evaluate(sig(100.0, ready=10, drain=1_000.0))
     assert d.remove == 0 and "cooldown until 300.0" in d.reason
-    d = p.decide(sig(300.0, ready=10, eta=2.0, drain=1_000.0))
+    d = p.evaluate(sig(300.0, ready=10, eta=2.0, drain=1_000.0))
     assert d.remove == 0 and "queue_eta_s" in d.reason
-    d = p.decide(sig(300.0, ready=10, eta=0.5, drain=1_000.0))
+    d = p.evaluate(sig(300.0, ready=10, eta=0.5, drain=1_000.0))
     assert (d.add, d.remove) == (0, 9) and d.reason.startswith("down:")
-    assert p.decide(sig(310.0, ready=1, eta=0.5)).remove == 0  # at min_replicas
+    assert p.evaluate(sig(310.0, ready=1, eta=0.5)).remove == 0  # at min_replicas
 
 
 def test_burst_share_grows_with_the_excess_when_capped() -> None:
     p = backlog(max_replicas=10, burst_max_share=0.5)
     shares = []
     for i, drain in enumerate([9_000.0, 10_000.0, 12_500.0, 15_000.0, 40_000.0]):
-        d = p.decide(sig(float(i), ready=10, eta=5.0, drain=drain))
+        d = p.evaluate(sig(float(i), ready=10, eta=5.0, drain=drain))
         assert d.add == 0
         shares.append(d.burst_share)
     assert shares[:2] == [0.0, 0.0]
     assert shares[2] == pytest.approx((13 - 10) / 13) and shares[3] == pytest.approx(5 / 15)
     assert shares[4] == 0.5  # capped at burst_max_share
     no_burst = backlog(max_replicas=10, burst_when_capped=False)
-    assert no_burst.decide(sig(0.0, ready=10, eta=5.0, drain=40_000.0)).burst_share == 0.0
+    assert no_burst.evaluate(sig(0.0, ready=10, eta=5.0, drain=40_000.0)).burst_share == 0.0
 
 
 def test_gpu_utilization_scaler_scales_down_when_utilization_really_drops() -> None:
     """The rule itself works; its trouble is the signal. At 0.35 utilisation it halves the fleet."""
     p = gpu(cooldown_s=0.0)
-    d = p.decide(sig(0.0, ready=10, util=0.35))
+    d = p.evaluate(sig(0.0, ready=10, util=0.35))
     assert d.remove == 5
-    assert p.decide(sig(1.0, ready=5, util=0.7)).add == 0  # exactly at target: hold
-    assert gpu().decide(sig(0.0, ready=0, util=0.9)).add == 1  # from zero replicas still asks for one
-    assert gpu().decide(sig(0.0, ready=4, util=0.98)).add == math.ceil(4 * 0.98 / 0.7) - 4
+    assert p.evaluate(sig(1.0, ready=5, util=0.7)).add == 0  # exactly at target: hold
+    assert gpu().evaluate(sig(0.0, ready=0, util=0.9)).add == 1  # from zero replicas still asks for one
+    assert gpu().evaluate(sig(0.0, ready=4, util=0.98)).add == math.ceil(4 * 0.98 / 0.7) - 4
 
 
 # --------------------------------------------------------------------------------------------- properties
@@ -156,7 +156,7 @@ def test_decisions_stay_within_bounds(backlog_tokens: int, drain: float, ready: 
     s = sig(0.0, backlog=backlog_tokens, eta=eta, ready=ready, prov=prov, util=util, drain=drain)
     for p, lo, hi in ((backlog(max_replicas=25, min_replicas=2, cooldown_s=0.0), 2, 25),
                       (gpu(max_replicas=25, min_replicas=2, cooldown_s=0.0), 2, 25)):
-        d = p.decide(s)
+        d = p.evaluate(s)
         total = ready + prov
         assert d.remove <= ready
         if d.add:  # never adds past the cap

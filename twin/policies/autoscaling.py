@@ -103,7 +103,7 @@ class BaseAutoscaler:
             self._last_action_s = now_s
         return decision
 
-    def decide(self, signals: ScalingSignals) -> ScalingDecision:
+    def evaluate(self, signals: ScalingSignals) -> ScalingDecision:
         raise NotImplementedError
 
 
@@ -156,7 +156,7 @@ class BacklogAutoscaler(BaseAutoscaler):
         need_per_s = signals.token_backlog / p.target_queue_eta_s + signals.drain_tokens_per_s
         return math.ceil(need_per_s / p.tokens_per_replica_per_s - 1e-9)
 
-    def decide(self, signals: ScalingSignals) -> ScalingDecision:
+    def evaluate(self, signals: ScalingSignals) -> ScalingDecision:
         self._tick(signals.now_s)
         p, now = self.params, signals.now_s
         desired = self.desired_replicas(signals)
@@ -214,7 +214,7 @@ class GpuUtilizationAutoscaler(BaseAutoscaler):
     Params = GpuUtilizationParams
     params: GpuUtilizationParams
 
-    def decide(self, signals: ScalingSignals) -> ScalingDecision:
+    def evaluate(self, signals: ScalingSignals) -> ScalingDecision:
         self._tick(signals.now_s)
         p, now, total = self.params, signals.now_s, signals.replicas_total
         target = min(p.max_replicas, max(p.min_replicas,
