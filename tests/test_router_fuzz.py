@@ -115,7 +115,8 @@ def malformed_body(draw) -> tuple[str, bytes]:
     return path, json.dumps(body).encode()
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=malformed_body())
 def test_malformed_requests_get_a_4xx_openai_error(fleet, case) -> None:
     path, raw = case
