@@ -50,11 +50,16 @@ def fleet_summary(world, reqs: pa.Table, *, end_s: float, wall_s: float, slo) ->
         s["by_class"][klass] = {"arrived": len(idx), "completed": len(done),
                                 "ttft_s": distribution(ttft[np.isfinite(ttft)])}
     gpus = world.gpus
-    gpu_hours = gpus * end_s / 3600.0
+    gpu_hours = sum(world.model_info[h.model]["tp"] * (((h.removed_s if h.removed_s is not None else end_s)
+                                                        - h.started_s) / 3600.0) for h in world.handles)
     price = [i["price"] for i in world.model_info.values() if i["price"]]
     usd_per_gpu_hour = float(price[0]) if price else None
     out_tokens = int(np.nansum(np.array(d["output_tokens"], dtype=float)))
+    prov = world.cfg.autoscaling.provider if world.cfg.autoscaling is not None else None
+    provider_usd = (world.provider_tokens / 1e6 * prov.usd_per_m_output_tokens) if prov is not None else 0.0
     s["fleet"] = {"replicas": len(world.handles), "gpus": gpus, "gpu_hours": gpu_hours,
+                  "provider_turns": world.provider_turns, "provider_output_tokens": world.provider_tokens,
+                  "provider_usd": provider_usd,
                   "usd_per_gpu_hour": usd_per_gpu_hour,
                   "usd": gpu_hours * usd_per_gpu_hour if usd_per_gpu_hour else None,
                   "output_tokens": out_tokens,

@@ -111,6 +111,7 @@ class Clients:
             kind = {"completed": "request.finished", "rejected": "request.rejected", "cancelled": "request.cancelled",
                     "abandoned": "request.abandoned", "failed": "request.failed"}[outcome.kind]
             rec.event(env.now, kind, "client", turn.turn_id, float(outcome.output_tokens), outcome.reason)
+            self.w.outcome_log.append((env.now, outcome.kind == "completed"))
             return outcome
 
     def attempt(self, turn: Turn, attempt: int):
@@ -125,6 +126,9 @@ class Clients:
         extra = w.extra_latency_s.get(region, 0.0)
         if extra:
             yield env.timeout(extra)
+        if spec.tenant.tier in w.shed_tiers:
+            yield env.timeout(self.cfg.gateway.auth_latency_s)
+            return Outcome("rejected", "shed")
         decision = yield from w.gateway.admit(
             request_id=f"{turn.turn_id}/a{attempt}", user_id=spec.user_id, tenant=spec.tenant.name,
             tier=spec.tenant.tier, prompt_tokens=turn.message_tokens, expected_output_tokens=turn.output_tokens,
@@ -242,6 +246,10 @@ class Clients:
         model = self.model_for(turn, prompt_tokens + output_tokens, needs_tools)
         if model is None:
             return Outcome("rejected", "no_capable_model")
+        max_tokens = output_tokens if w.output_cap is None else min(output_tokens, w.output_cap)
+        if w.burst_share > 0 and self.rng.random() < w.burst_share and self._provider_ok():
+            out = yield from self._burst(turn, max_tokens)
+            return out
         mcfg = self.cfg.models[model]
         gen_id = f"{turn.turn_id}/{gen}"
         seq = TokenSeq(pieces, block_size=mcfg.engine.block_size, output_segment=output_segment,
@@ -265,10 +273,10 @@ class Clients:
         entry = QueueEntry(facts=facts, tokens=prompt_tokens + output_tokens, priority=0, arrival_s=env.now,
                            dispatched=env.event(), allowed_regions=facts.allowed_regions)
         entry.on_dispatch = lambda e, handle: self._submit(e, handle, seq, st, turn, output_tokens, record,
-                                                           output_offset)
+                                                           output_offset, max_tokens)
         from twin.policies.queueing import QueueItem
 
-        deadline = self.cfg.queue.deadline_s
+        deadline = None if w.queue_eta_mode else self.cfg.queue.deadline_s
         item = QueueItem(request_id=gen_id, tier=spec.tenant.tier, tenant=spec.tenant.name,
                          prompt_tokens=prompt_tokens, expected_output_tokens=output_tokens,
                          deadline_s=None if deadline is None else env.now + deadline, arrival_s=env.now)
@@ -277,6 +285,9 @@ class Clients:
             return Outcome("rejected", decision.reason, getattr(decision, "retry_after_s", None))
         w.rec.event(env.now, "request.queued", "queue", turn.turn_id, float(decision.eta_s), gen)
         patience = None if turn.klass == "background" else ccfg.patience_s
+        if w.queue_eta_mode and patience is not None and decision.eta_s > patience and not entry.dispatched.triggered:
+            w.queue.remove(entry)  # told an honest ETA longer than they will wait, users leave at once
+            return Outcome("abandoned", "eta_too_long")
         t0 = env.now
         if not entry.dispatched.triggered:
             limits = [x for x in (patience, deadline) if x is not None]
@@ -310,9 +321,9 @@ class Clients:
         return Outcome("completed", reason, output_tokens=st.req.num_output)
 
     def _submit(self, entry: QueueEntry, handle, seq: TokenSeq, st: Stream, turn: Turn, output_tokens: int, record,
-                output_offset: int) -> None:
+                output_offset: int, max_tokens: int) -> None:
         env = self.env
-        req = EngineRequest(request_id=entry.facts.request_id, arrival_s=env.now, seq=seq, max_tokens=output_tokens,
+        req = EngineRequest(request_id=entry.facts.request_id, arrival_s=env.now, seq=seq, max_tokens=max_tokens,
                             target_output_tokens=output_tokens, tag=entry)
         req.group = turn.session.tenant.tier
         st.req = req
@@ -329,6 +340,7 @@ class Clients:
                 if not turn.first_token_seen:
                     turn.first_token_seen = True
                     self.w.rec.event(t, "request.first_token", "client", turn.turn_id, float(r.num_cached_tokens or 0))
+                    self.w.ttft_log.append((t, t - turn.arrival_s))
             if st.disconnect_at is not None and r.num_output >= st.disconnect_at:
                 st.disconnect_at = None
                 self.w.rec.event(t, "stream.disconnected", "client", turn.turn_id, float(r.num_output))
@@ -359,3 +371,28 @@ class Clients:
         yield self.env.timeout(self.cfg.client.reconnect_delay_s)
         persisted = self.w.conversation.persisted(st.req.num_output if st.req is not None else st.delivered)
         self.w.rec.event(self.env.now, "stream.resumed", "client", turn.turn_id, float(persisted))
+
+    # ---- bursting to an external API provider ------------------------------------------------------
+    def _provider_ok(self) -> bool:
+        """The provider's rate limit (turns per second over the last second)."""
+        prov = self.cfg.autoscaling.provider
+        win = self.w._provider_window
+        now = self.env.now
+        while win and win[0] < now - 1.0:
+            win.pop(0)
+        return len(win) < prov.max_rps
+
+    def _burst(self, turn: Turn, max_tokens: int):
+        """Served by the external provider through the gateway: its own latency and token rate."""
+        prov = self.cfg.autoscaling.provider
+        self.w._provider_window.append(self.env.now)
+        self.w.rec.event(self.env.now, "request.dispatched", "provider", turn.turn_id, None, "provider")
+        yield self.env.timeout(prov.ttft_s)
+        if not turn.first_token_seen:
+            turn.first_token_seen = True
+            self.w.rec.event(self.env.now, "request.first_token", "client", turn.turn_id, 0.0)
+            self.w.ttft_log.append((self.env.now, self.env.now - turn.arrival_s))
+        yield self.env.timeout(max(max_tokens - 1, 0) / prov.tokens_per_s)
+        self.w.provider_turns += 1
+        self.w.provider_tokens += max_tokens
+        return Outcome("completed", "burst_provider", output_tokens=max_tokens)

@@ -4,6 +4,7 @@ gateway, the conversation service and the user population — built and wired fi
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 import simpy
@@ -89,6 +90,20 @@ class FleetWorld:
 
         self.injector = FaultInjector(self, seed=seed, replication=replication)
         self.dropped_streams = 0
+        # what the control plane's rungs and the autoscaler set (read by the clients and gateway)
+        self.output_cap: int | None = None
+        self.shed_tiers: tuple[str, ...] = ()
+        self.queue_eta_mode = False
+        self.burst_share = 0.0
+        self.provider_turns = 0
+        self.provider_tokens = 0
+        self._provider_window: list[float] = []
+        self.ttft_log: collections.deque = collections.deque()  # (t, ttft) of recent first tokens
+        self.outcome_log: collections.deque = collections.deque()  # (t, completed?) of recent outcomes
+        self.max_decode_run_steps = scenario.replica.max_decode_run_steps
+        from twin.models.control import ControlPlane
+
+        self.control = ControlPlane(self, seed=_seed_for(seed, replication, "policy.control"))
         self.done = env.event()
         self._live = 0
 
@@ -98,6 +113,7 @@ class FleetWorld:
             h.replica.start()
         self.router.start()
         self.injector.start()
+        self.control.start()
         self.env.process(self._scrape_kicks())
         self._live = len(self.sessions)
         for spec in self.sessions:
