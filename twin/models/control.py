@@ -91,8 +91,11 @@ class ControlPlane:
 
     # ---- the loop ---------------------------------------------------------------------------------
     def _loop(self):
+        first = True
         while True:
-            yield self.env.timeout(self.cfg.control_interval_s)
+            if not first:  # evaluate at t=0 too, so static rungs and forced flags hold from the start
+                yield self.env.timeout(self.cfg.control_interval_s)
+            first = False
             sig = self.signals()
             now = self.env.now
             rec = self.w.rec
