@@ -107,9 +107,10 @@ class EmulatedReplica:
             # unless the loop fell far behind (an overloaded host): then it restarts from now.
             t_start = prev_end if prev_end is not None and now - prev_end < MAX_LAG_S else now
             step = eng.schedule(t_start)
-            if step is None:  # the head request can never fit the KV pool: fail it instead of spinning
-                head = eng.waiting.peek()
-                eng.abort(head, now, "abort")
+            if step is None:  # nothing schedulable (the head request can never fit the KV pool): fail, not spin
+                stuck = [eng.waiting.peek()] if len(eng.waiting) else list(eng.running)
+                for r in stuck:
+                    eng.abort(r, now, "abort")
                 continue
             d = self.step_model.step_time_s(step.shape) * self.time_scale
             prev_end = t_start + d

@@ -94,6 +94,7 @@ class ParsedRequest:
     """A validated request: its JSON body, its prompt as token ids, and the effective limits."""
 
     kind: Kind
+    raw: bytes  # the body as received (forwarded unchanged)
     body: dict[str, Any]
     prompt_ids: tuple[int, ...]
     prompt_is_text: bool
@@ -153,6 +154,6 @@ def parse_request(raw: bytes, kind: Kind, *, max_model_len: int, vocab_size: int
     if req.min_tokens is not None and req.min_tokens > max_tokens:
         raise ApiError(400, "min_tokens must be <= max_tokens", param="min_tokens")
     opts = req.stream_options
-    return ParsedRequest(kind=kind, body=data, prompt_ids=ids, prompt_is_text=is_text, max_tokens=max_tokens,
+    return ParsedRequest(kind=kind, raw=raw, body=data, prompt_ids=ids, prompt_is_text=is_text, max_tokens=max_tokens,
                          stream=req.stream, include_usage=bool(opts and opts.include_usage),
                          return_token_ids=bool(req.return_token_ids), user=req.user)

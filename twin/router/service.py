@@ -310,10 +310,9 @@ class RouterService:
 
     async def _forward(self, request: web.Request, up: Upstream, parsed: ParsedRequest) -> web.StreamResponse:
         assert self.session is not None
-        body = json.dumps(parsed.body, separators=(",", ":")).encode()
         timeout = aiohttp.ClientTimeout(total=self.cfg.upstream_timeout_s, sock_connect=self.cfg.scrape_timeout_s)
         try:
-            upstream = await self.session.post(up.url + request.path, data=body, timeout=timeout,
+            upstream = await self.session.post(up.url + request.path, data=parsed.raw, timeout=timeout,
                                                headers={"Content-Type": "application/json"})
         except (aiohttp.ClientError, TimeoutError, asyncio.TimeoutError) as exc:
             up.healthy = False  # until the next successful scrape
