@@ -1,0 +1,212 @@
+"""Scenario runs for the dashboard: override lists for what-ifs, tiny runs, a local seeds × policies sweep.
+
+Everything goes through the public API (``twin.scenario.load_scenario`` with ``a.b=value`` overrides, as
+``twin run --set``; ``twin.runner.run_scenario``); results are the run's tables and summary only. No
+Streamlit here, so the page code stays layout and this module is tested directly.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import yaml
+
+from dashboard.tables import run_metric_row
+from twin.paths import REPO_ROOT
+from twin.results import dumps, write_outputs
+from twin.scenario import Scenario, ScenarioError, load_scenario
+
+SCENARIO_DIR = REPO_ROOT / "scenarios"
+# A what-if runs at this size unless the page says otherwise: a few replicas for tens of simulated
+# seconds, so that a run takes seconds of wall time.
+DEFAULT_SCALE = 0.002
+DEFAULT_DURATION_S = 30.0
+
+
+@dataclass(frozen=True)
+class RunView:
+    """What the dashboard keeps of a run: its result tables, summary and manifest."""
+
+    label: str
+    overrides: tuple[str, ...]
+    seed: int
+    tables: dict[str, pa.Table] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.manifest.get("exception") is None
+
+
+def _flow(value: Any) -> str:
+    """A YAML flow value for an ``a.b=value`` override."""
+    return yaml.safe_dump(value, default_flow_style=True, sort_keys=False).strip().removesuffix("...").strip()
+
+
+def fleet_scenarios(folder: Path = SCENARIO_DIR) -> dict[str, Path]:
+    """name -> path of every scenario in ``folder`` that has a fleet section (others cannot be what-if'd)."""
+    out = {}
+    for path in sorted(folder.glob("*.yaml")):
+        try:
+            sc = load_scenario(path)
+        except ScenarioError:
+            continue
+        if sc.fleet is not None:
+            out[path.stem] = path
+    return out
+
+
+def size_overrides(*, scale: float, duration_s: float) -> list[str]:
+    """Shrink a fleet scenario: ``fleet.scale`` (nodes and users together) and the session window."""
+    return [f"fleet.scale={scale:g}", f"fleet.traffic.duration_s={duration_s:g}"]
+
+
+def whatif_overrides(scenario: Scenario, *, traffic_multiplier: float = 1.0, router: str | None = None,
+                     clear_surges: bool = False, surge: dict[str, float] | None = None,
+                     keep_faults: bool = True, region_loss: dict[str, Any] | None = None,
+                     dns_failover_s: float | None = None, ladder_enabled: bool | None = None,
+                     ladder: dict[str, str] | None = None) -> list[str]:
+    """The overrides of a what-if on ``scenario`` (already sized): offered load × ``traffic_multiplier``
+    (daily users; the fleet stays), a router ``kind``, surges cleared and/or one added
+    (``{start_s, ramp_s, hold_s, multiplier}``), faults kept or cleared plus an optional region loss
+    (``{region, at_s, recover_at_s}``), the DNS failover delay, and the degradation ladder (see
+    ``ladder_override``)."""
+    fleet = scenario.fleet
+    if fleet is None:
+        raise ScenarioError(f"{scenario.name}: a what-if needs a fleet scenario")
+    out: list[str] = []
+    if traffic_multiplier != 1.0:
+        out.append(f"fleet.traffic.daily_users={max(1, round(fleet.traffic.daily_users * traffic_multiplier))}")
+    if router:
+        out.append(f"fleet.policy.router={_flow({'kind': router})}")
+    surges = [] if clear_surges else [s.model_dump(mode="json", exclude_none=True) for s in fleet.traffic.surges]
+    if surge is not None:
+        surges.append(dict(surge))
+    if clear_surges or surge is not None:
+        out.append(f"fleet.traffic.surges={_flow(surges)}")
+    faults = [f.model_dump(mode="json", exclude_none=True) for f in fleet.faults] if keep_faults else []
+    if region_loss is not None:
+        faults = [f for f in faults if f["kind"] != "region_loss"] + [
+            {"kind": "region_loss", **{k: v for k, v in region_loss.items() if v is not None}}]
+    if not keep_faults or region_loss is not None:
+        out.append(f"fleet.faults={_flow(faults)}")
+    if dns_failover_s is not None:
+        out.append(f"fleet.failover.dns_failover_s={dns_failover_s:g}")
+    out += ladder_override(scenario, enabled=ladder_enabled, flags=ladder)
+    return out
+
+
+LADDER_MODES = ("auto", "on", "off")
+
+
+def ladder_rungs() -> tuple[str, ...]:
+    """The degradation ladder's rungs in climbing order (``twin.policies.ladder.RUNGS``); () when this
+    twin has no ladder (``fleet.ladder`` is not in the scenario schema)."""
+    from twin.fleet_config import FleetSection
+
+    if "ladder" not in FleetSection.model_fields:
+        return ()
+    from twin.policies.ladder import RUNGS
+
+    return tuple(RUNGS)
+
+
+def ladder_override(scenario: Scenario, *, enabled: bool | None = None, flags: dict[str, str] | None = None) -> list[str]:
+    """The ``fleet.ladder`` override for a what-if: ``enabled`` False removes the ladder (``null``); True adds
+    a default threshold ladder where the scenario has none; ``flags`` (``{rung: on|off}``; ``auto`` entries
+    are ignored) force rungs from t=0 through the ladder's on-call overrides (threshold ladder) or its
+    ``on`` list (static ladder). Returns [] when nothing changes."""
+    fleet = scenario.fleet
+    flags = {r: m for r, m in (flags or {}).items() if m != "auto"}
+    unknown = {r: m for r, m in flags.items() if r not in ladder_rungs() or m not in LADDER_MODES}
+    if unknown:
+        raise ScenarioError(f"unknown ladder rungs or modes: {unknown} (rungs {ladder_rungs()}, modes {LADDER_MODES})")
+    if enabled is False:
+        return ["fleet.ladder=null"] if getattr(fleet, "ladder", None) is not None else []
+    current = getattr(fleet, "ladder", None)
+    if current is None and not enabled and not flags:
+        return []
+    section = current.model_dump(mode="json", exclude_none=True) if current is not None else {
+        "policy": {"kind": "threshold_ladder"}}
+    policy = section["policy"]
+    if policy["kind"] == "static":
+        on = [r for r in policy.get("on", []) if flags.get(r) != "off"]
+        policy["on"] = [r for r in ladder_rungs() if r in on or flags.get(r) == "on"]
+    else:
+        policy["overrides"] = [*policy.get("overrides", []),
+                               *({"rung": r, "at_s": 0.0, "state": m} for r, m in flags.items())]
+    if current is not None and not flags:
+        return []
+    return [f"fleet.ladder={_flow(section)}"]
+
+
+def run(path: str | Path, overrides: Sequence[str], *, seed: int, label: str = "") -> RunView:
+    """Run a scenario file with overrides; a failed run comes back with its manifest (``ok`` False)."""
+    from twin.runner import run_scenario
+
+    sc = load_scenario(path, overrides=list(overrides))
+    res = run_scenario(sc, seed=seed)
+    return RunView(label=label or sc.name, overrides=tuple(overrides), seed=seed, tables=dict(res.tables),
+                   summary=dict(res.summary), manifest=dict(res.manifest))
+
+
+# ------------------------------------------------------------------------------ local policy sweeps
+
+_LABEL = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def local_sweep(path: str | Path, *, routers: Sequence[str], seeds: Sequence[int], overrides: Sequence[str],
+                out: str | Path, progress: Callable[[int, int, str], None] | None = None) -> Path:
+    """Run ``path`` once per router × seed (same overrides otherwise, so every router sees the same
+    arrivals for a seed) and write each run's ``summary.json`` and ``manifest.json`` to
+    ``out/<scenario>/<router>/seed-<n>/``. ``progress(done, total, label)`` is called after each run.
+    Returns ``out``. A stand-in for ``twin sweep`` folders where only summaries are needed."""
+    out = Path(out)
+    jobs = [(r, s) for r in routers for s in seeds]
+    name = Path(path).stem
+    for i, (router, seed) in enumerate(jobs, 1):
+        view = run(path, [*overrides, f"fleet.policy.router={_flow({'kind': router})}"], seed=seed)
+        d = out / _LABEL.sub("_", name) / _LABEL.sub("_", router) / f"seed-{seed}"
+        files = {"manifest.json": dumps(view.manifest)}
+        if view.ok:
+            files["summary.json"] = dumps(view.summary)
+        write_outputs(d, tables={}, files=files)
+        if progress is not None:
+            progress(i, len(jobs), f"{router} seed {seed}")
+    return out
+
+
+def summary_folder_rows(folder: str | Path) -> list[dict[str, Any]]:
+    """Rows (scenario, policy, seed, metrics) of every ``<scenario>/<policy>/seed-<n>/summary.json`` under
+    ``folder`` (the layout ``local_sweep`` writes)."""
+    rows = []
+    for f in sorted(Path(folder).glob("*/*/seed-*/summary.json")):
+        seed = int(f.parent.name.removeprefix("seed-"))
+        summary = json.loads(f.read_text(encoding="utf-8"))
+        rows.append(run_metric_row(summary, scenario=f.parent.parent.parent.name, policy=f.parent.parent.name,
+                                   seed=seed))
+    return rows
+
+
+def sweep_folder_rows(folder: str | Path) -> list[dict[str, Any]]:
+    """Per-run metric rows of a ``twin sweep`` folder through ``twin.results_db`` (needs duckdb and that
+    module); raises ImportError when either is missing, FileNotFoundError when the folder holds no runs."""
+    from twin import results_db
+
+    return results_db.per_run(results_db.connect(folder))
+
+
+def rows_from_folder(folder: str | Path) -> tuple[list[dict[str, Any]], str]:
+    """Rows from a sweep folder (``runs/<hash>/run.parquet``, via ``twin.results_db``) or from a folder of
+    run summaries; the second item says which reader was used."""
+    folder = Path(folder)
+    if (folder / "runs").is_dir():
+        return sweep_folder_rows(folder), "twin sweep folder (twin.results_db)"
+    return summary_folder_rows(folder), "folder of run summaries"
