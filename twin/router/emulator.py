@@ -58,6 +58,9 @@ class EmulatedReplica:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._pending_aborts: list[EngineRequest] = []
+        # Live requests -> [their token queue, output tokens already pushed]. The loop pushes new token
+        # counts after each step and None when the request ends (no engine callbacks needed).
+        self._streams: dict[EngineRequest, list] = {}
         self.num_aborted = 0
         self.num_steps = 0
         lbl = ("model_name", "engine")
@@ -111,17 +114,34 @@ class EmulatedReplica:
                 stuck = [eng.waiting.peek()] if len(eng.waiting) else list(eng.running)
                 for r in stuck:
                     eng.abort(r, now, "abort")
+                    self._publish(r)
                 continue
             d = self.step_model.step_time_s(step.shape) * self.time_scale
             prev_end = t_start + d
             await asyncio.sleep(max(0.0, prev_end - self.now_s()))
             eng.complete(step, prev_end)
+            for r in step.reqs:
+                self._publish(r)
             self.num_steps += 1
+
+    def _publish(self, r: EngineRequest) -> None:
+        """Push ``r``'s new output tokens to its handler, then None if it has ended."""
+        entry = self._streams.get(r)
+        if entry is None:
+            return
+        queue, seen = entry
+        if r.num_output > seen:
+            queue.put_nowait(r.num_output - seen)
+            entry[1] = r.num_output
+        if r.status == Status.FINISHED:
+            queue.put_nowait(None)
+            del self._streams[r]
 
     def _apply_aborts(self) -> None:
         now = self.now_s()
         for req in self._pending_aborts:
             if self.engine.abort(req, now, "abort"):
+                self._publish(req)
                 self.num_aborted += 1
         self._pending_aborts.clear()
 
@@ -182,8 +202,7 @@ class EmulatedReplica:
                             seq=TokenSeq(pieces_from_ids(parsed.prompt_ids), block_size=self.engine.cfg.block_size,
                                          output_segment=self._n))
         queue: asyncio.Queue[int | None] = asyncio.Queue()
-        req.on_tokens = lambda _r, n, _t: queue.put_nowait(n)
-        req.on_finished = lambda _r: queue.put_nowait(None)
+        self._streams[req] = [queue, 0]
         self.engine.add(req)
         self._poke()
         try:
