@@ -139,3 +139,43 @@ def test_workload_spec_rejects_unknown_and_inconsistent_fields() -> None:
         WorkloadSpec.model_validate({**data, "arrivals": {"kind": "poisson", "rate_per_s": 2.0}})
     with pytest.raises(ValidationError, match="max_model_len"):
         WorkloadSpec.model_validate({**data, "engine": {**data["engine"], "max_model_len": 256}})
+
+
+def test_worker_parses_vllm_iteration_lines_and_metrics() -> None:
+    """The recorder's parsers, on lines copied from a real vLLM 0.32.0+cpu log and /metrics page."""
+    import importlib.metadata
+
+    from twin.calibration import _vllm_worker as worker
+
+    assert importlib.metadata.version is not worker._version  # importing it patches nothing
+    lines = [
+        "Engine 000: Iteration(0): 1 context requests, 256 context tokens, 0 generation requests, "
+        "0 generation tokens, iteration elapsed time: 45.90 ms, CPU KV cache usage: 18.2%",
+        "Engine 000: Iteration(7): 0 context requests, 0 context tokens, 0 generation requests, "
+        "0 generation tokens, iteration elapsed time: 0.00 ms (dummy), CPU KV cache usage: 0.0%",
+        "Engine 000: Iteration(1): 3 context requests, 132 context tokens, 2 generation requests, "
+        "2 generation tokens, iteration elapsed time: 27.08 ms, CPU KV cache usage: 45.5%",
+        "Avg prompt throughput: 0.0 tokens/s",
+    ]
+    rows = worker.parse_iterations(lines)
+    assert [tuple(r[c] for c in ITERATION_COLUMNS) for r in rows] == [
+        (0, 1, 256, 0, 0, 45.90, 18.2),
+        (1, 3, 132, 2, 2, 27.08, 45.5),
+    ]
+    page = "\n".join(
+        [
+            "# TYPE vllm:num_preemptions_total counter",
+            'vllm:num_preemptions_total{engine="0",model_name="m"} 3.0',
+            "# TYPE vllm:request_success_total counter",
+            'vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} 5.0',
+            'vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 1.0',
+            "# TYPE vllm:kv_cache_usage_perc gauge",
+            'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5',
+            "# TYPE vllm:cache_config_info gauge",
+            'vllm:cache_config_info{block_size="128",num_gpu_blocks="1024",enable_prefix_caching="True"} 1.0',
+        ]
+    )
+    counters, cache = worker.parse_prometheus(page)
+    assert counters == {"num_preemptions": 3.0, "request_success": 6.0}
+    assert cache["num_gpu_blocks"] == "1024" and cache["block_size"] == "128"
+    assert worker.delta({"num_preemptions": 5.0}, {"num_preemptions": 3.0}) == {"num_preemptions": 2}

