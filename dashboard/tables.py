@@ -46,12 +46,10 @@ def fleet_size_table(result: CapacityResult) -> pd.DataFrame:
 
 def streams_table(result: CapacityResult) -> pd.DataFrame:
     """Streams one replica holds: by KV memory, by the latency target, and the smaller of the two."""
-    rows = [("by KV memory", result.streams_per_replica_by_memory),
-            ("by latency target", result.streams_per_replica_by_latency)]
-    df = pd.DataFrame([{"limit": s, "streams": int(v)} for s, v in rows if v is not None], columns=["limit", "streams"])
-    df["binding"] = [result.binding_constraint is not None and lim.endswith(result.binding_constraint)
-                     for lim in df["limit"]] if not df.empty else []
-    return df
+    rows = [("by KV memory", "memory", result.streams_per_replica_by_memory),
+            ("by latency target", "latency", result.streams_per_replica_by_latency)]
+    return pd.DataFrame([{"limit": s, "streams": int(v), "binding": c == result.binding_constraint}
+                         for s, c, v in rows if v is not None], columns=["limit", "streams", "binding"])
 
 
 def prefix_hit_table(inputs: CapacityInputs, *, profile: ProfileLike | None = None,

@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sweep": ("twin.commands.sweep", "run scenarios x policies x seeds (local processes or dask), one folder per run"),
     "results": ("twin.commands.results", "query a sweep folder with SQL (DuckDB) or summarise it across seeds"),
     "check": ("twin.commands.check", "CI policy gate: a small fleet suite per router vs committed baselines"),
+    "dashboard": ("twin.commands.dashboard", "serve the what-if dashboard (Streamlit) on a loopback port"),
 }
 
 
