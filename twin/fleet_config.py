@@ -16,6 +16,7 @@ from twin.policies import RouterConfig
 from twin.policies.admission import AdmissionConfig
 from twin.policies.alerts import AlertRule
 from twin.policies.autoscaling import AutoscalerConfig
+from twin.policies.canary import CanaryConfig
 from twin.policies.ladder import LadderConfig
 from twin.policies.queueing import QueueConfig as QueuePolicyConfig
 
@@ -207,6 +208,28 @@ class AutoscalingSection(_Model):
     provider: ProviderConfig = ProviderConfig()
 
 
+class VersionConfig(_Model):
+    """A model version's quality per task class (mean of a per-request score in [0, 1]), output lengths
+    (a scale on the drawn output tokens) and error rate."""
+
+    quality: dict[str, Fraction] = {}
+    quality_default: Fraction = 0.8
+    output_scale: PosFloat = 1.0
+    error_rate: Fraction = 0.0
+
+
+class CanarySection(_Model):
+    """A release canary: ``canary_model`` (its own profile) takes a growing share of ``task_classes``
+    from ``model`` under a ``twin.policies`` canary policy that promotes or rolls back."""
+
+    model: str
+    canary_model: str
+    quality_noise: NonNegFloat = 0.1
+    stable: VersionConfig = VersionConfig()
+    canary: VersionConfig = VersionConfig()
+    policy: CanaryConfig
+
+
 class FleetSection(_Model):
     scale: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0  # scales node counts (rounded, >= 1) and traffic together
     topology: TopologyConfig
@@ -222,6 +245,7 @@ class FleetSection(_Model):
     ladder: LadderSection | None = None
     autoscaling: AutoscalingSection | None = None
     alerts: list[AlertRule] = []
+    canary: CanarySection | None = None
     faults: list[FaultConfig] = []
     fault_rates: FaultRates = FaultRates()
     failover: FailoverConfig = FailoverConfig()
@@ -242,6 +266,10 @@ class FleetSection(_Model):
         regions = {r.name for r in self.topology.regions}
         if self.ladder is not None and self.ladder.small_model is not None and self.ladder.small_model not in self.models:
             raise ValueError(f"ladder.small_model {self.ladder.small_model!r} is not in models")
+        if self.canary is not None:
+            for m in (self.canary.model, self.canary.canary_model):
+                if m not in self.models:
+                    raise ValueError(f"canary model {m!r} is not in models")
         if self.autoscaling is not None:
             if self.autoscaling.region is not None and self.autoscaling.region not in regions:
                 raise ValueError(f"autoscaling.region {self.autoscaling.region!r} is not a topology region")

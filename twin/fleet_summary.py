@@ -66,5 +66,9 @@ def fleet_summary(world, reqs: pa.Table, *, end_s: float, wall_s: float, slo) ->
                   "usd_per_m_output_tokens": (gpu_hours * usd_per_gpu_hour / out_tokens * 1e6)
                   if usd_per_gpu_hour and out_tokens else None,
                   "router_decisions": world.router.decisions,
+                  "streams_dropped_by_faults": world.dropped_streams,
                   "duplicate_completions": world.conversation.duplicate_completions}
+    if world.cfg.canary is not None:
+        s["canary"] = {"canary_turns": world.canary_turns, "final_share": world.canary_share,
+                       "max_share_before_decision": world.canary_share_max, "last_decision": world.canary_last or None}
     return s

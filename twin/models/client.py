@@ -42,6 +42,7 @@ class Turn:
     output_tokens: int
     first_token_seen: bool = False
     region: str = ""
+    version: str | None = None  # "stable" or "canary" when its class is canaried
 
 
 class Stream:
@@ -112,6 +113,12 @@ class Clients:
                     "abandoned": "request.abandoned", "failed": "request.failed"}[outcome.kind]
             rec.event(env.now, kind, "client", turn.turn_id, float(outcome.output_tokens), outcome.reason)
             self.w.outcome_log.append((env.now, outcome.kind == "completed"))
+            if turn.version is not None and outcome.kind in ("completed", "failed"):
+                ttft = self.w.turn_ttft.pop(turn.turn_id, None)
+                dur = env.now - turn.arrival_s - (ttft or 0.0)
+                itl = dur / (outcome.output_tokens - 1) if outcome.output_tokens > 1 and ttft is not None else None
+                self.w.control.observe_canary(version=turn.version, task_class=turn.klass, ttft_s=ttft, itl_s=itl,
+                                              error=outcome.kind == "failed")
             return outcome
 
     def attempt(self, turn: Turn, attempt: int):
@@ -228,6 +235,12 @@ class Clients:
             order.append(self.w.free_tier_model)
         order.append(cfg.default_model)
         allowed = turn.session.tenant.residency
+        c = cfg.canary
+        if c is not None and turn.klass in self.w.control.canary.params.task_classes:
+            if turn.version is None:  # a turn keeps its version across retries
+                turn.version = "canary" if self.rng.random() < self.w.canary_share else "stable"
+            if turn.version == "canary":
+                order = [c.canary_model if n == c.model else n for n in order]
         for name in order:
             m = cfg.models[name]
             cap = m.max_context_tokens or m.engine.max_model_len
@@ -246,6 +259,13 @@ class Clients:
         model = self.model_for(turn, prompt_tokens + output_tokens, needs_tools)
         if model is None:
             return Outcome("rejected", "no_capable_model")
+        if turn.version is not None and model in (self.cfg.canary.model, self.cfg.canary.canary_model):
+            vc = self.cfg.canary.canary if turn.version == "canary" else self.cfg.canary.stable
+            output_tokens = max(1, round(output_tokens * vc.output_scale))
+            if vc.error_rate and self.rng.random() < vc.error_rate:
+                return Outcome("failed", "model_error")
+            if turn.version == "canary":
+                w.canary_turns += 1
         max_tokens = output_tokens if w.output_cap is None else min(output_tokens, w.output_cap)
         if w.burst_share > 0 and self.rng.random() < w.burst_share and self._provider_ok():
             out = yield from self._burst(turn, max_tokens)
@@ -341,6 +361,8 @@ class Clients:
                     turn.first_token_seen = True
                     self.w.rec.event(t, "request.first_token", "client", turn.turn_id, float(r.num_cached_tokens or 0))
                     self.w.ttft_log.append((t, t - turn.arrival_s))
+                    if turn.version is not None:
+                        self.w.turn_ttft[turn.turn_id] = t - turn.arrival_s
             if st.disconnect_at is not None and r.num_output >= st.disconnect_at:
                 st.disconnect_at = None
                 self.w.rec.event(t, "stream.disconnected", "client", turn.turn_id, float(r.num_output))

@@ -36,6 +36,12 @@ class ControlPlane:
         self.ladder = build_ladder(fc.ladder.policy, seed=seed) if fc.ladder is not None else None
         self.autoscaler = build_autoscaler(fc.autoscaling.policy, seed=seed) if fc.autoscaling is not None else None
         self.alerts = AlertEvaluator(fc.alerts) if fc.alerts else None
+        from twin.policies.canary import build_canary
+
+        self.canary = build_canary(fc.canary.policy, seed=seed) if fc.canary is not None else None
+        if self.canary is not None:
+            world.canary_share = self.canary.canary_share
+            world.canary_share_max = self.canary.canary_share
         self._itl: deque[tuple[float, np.ndarray, np.ndarray]] = deque()
         self._cursor: dict[int, int] = {}
         self.on: tuple[str, ...] = ()
@@ -44,7 +50,8 @@ class ControlPlane:
 
     @property
     def active(self) -> bool:
-        return self.ladder is not None or self.autoscaler is not None or self.alerts is not None
+        return (self.ladder is not None or self.autoscaler is not None or self.alerts is not None
+                or self.canary is not None)
 
     def start(self) -> None:
         if self.active:
@@ -110,6 +117,8 @@ class ControlPlane:
                     rec.event(now, f"alert.{tr.state}", "alerts", None, tr.value, tr.name)
             if self.autoscaler is not None:
                 self._autoscale_step(sig)
+            if self.canary is not None:
+                self._canary_step()
 
     def _ladder_step(self, sig) -> None:
         from twin.policies.ladder import LadderSignals
@@ -190,3 +199,31 @@ class ControlPlane:
         self.added_nodes += 1
         self.provisioning -= n
         w.rec.event(self.env.now, "autoscaler.capacity_ready", "autoscaler", None, float(n))
+
+    # ---- release canary -----------------------------------------------------------------------------
+    def observe_canary(self, *, version: str, task_class: str, ttft_s: float | None, itl_s: float | None,
+                       error: bool) -> None:
+        """A finished turn of a canaried class: its quality is drawn around its version's mean."""
+        from twin.policies.canary import CanaryObservation
+
+        c = self.cfg.canary
+        vc = c.canary if version == "canary" else c.stable
+        mean = vc.quality.get(task_class, vc.quality_default)
+        q = 0.0 if error else float(min(max(self.w.quality_rng.normal(mean, c.quality_noise), 0.0), 1.0))
+        self.canary.observe(CanaryObservation(version=version, task_class=task_class, quality=q,
+                                              ttft_s=ttft_s if ttft_s and ttft_s > 0 else None,
+                                              itl_s=itl_s if itl_s and itl_s > 0 else None, error=error))
+
+    def _canary_step(self) -> None:
+        now = self.env.now
+        d = self.canary.evaluate(now)
+        if d.canary_share != self.w.canary_share or d.action in ("promote", "rollback"):
+            kind = {"increase": "canary.increased", "promote": "canary.promoted", "rollback": "canary.rolled_back",
+                    "hold": "canary.held"}[d.action]
+            if d.action != "hold" and (kind != self.w.canary_last or d.canary_share != self.w.canary_share):
+                self.w.rec.event(now, kind, "canary", None, d.canary_share, d.reason)
+                self.w.canary_last = kind
+            self.w.canary_share = d.canary_share
+            if d.action == "increase":
+                self.w.canary_share_max = max(self.w.canary_share_max, d.canary_share)
+        self.w.rec.level(now, "canary", "share", self.w.canary_share)

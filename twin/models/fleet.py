@@ -101,6 +101,12 @@ class FleetWorld:
         self.ttft_log: collections.deque = collections.deque()  # (t, ttft) of recent first tokens
         self.outcome_log: collections.deque = collections.deque()  # (t, completed?) of recent outcomes
         self.max_decode_run_steps = scenario.replica.max_decode_run_steps
+        self.canary_share = 0.0
+        self.canary_share_max = 0.0
+        self.canary_last = ""
+        self.canary_turns = 0
+        self.turn_ttft: dict[str, float] = {}
+        self.quality_rng = stream(seed, replication, "canary.quality")
         from twin.models.control import ControlPlane
 
         self.control = ControlPlane(self, seed=_seed_for(seed, replication, "policy.control"))
