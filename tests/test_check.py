@@ -99,7 +99,7 @@ def test_gate_fails_on_a_load_blind_prefix_affinity_and_passes_intact(tmp_path, 
 
     md = tmp_path / "ok.md"
     assert main([*common, "--out", str(md)]) == 0
-    assert "passed" in capsys.readouterr().out
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "check: 6 passed, 0 failed"
     assert "twin check: passed" in md.read_text()
 
     monkeypatch.setitem(ROUTERS._items, "prefix_affinity", LoadBlindPrefixAffinity)
@@ -107,6 +107,8 @@ def test_gate_fails_on_a_load_blind_prefix_affinity_and_passes_intact(tmp_path, 
     assert main([*common, "--out", str(md)]) == 1
     out = capsys.readouterr().out
     assert "FAILED" in out and "REGRESSED" in out
+    n_bad = int(out.strip().splitlines()[-1].split(", ")[1].split()[0])
+    assert n_bad >= 1 and out.strip().endswith(f"check: {6 - n_bad} passed, {n_bad} failed")
     text = md.read_text()
     assert "FAILED" in text
     regressed = [line for line in text.split("### Regressed")[1].split("###")[0].splitlines()

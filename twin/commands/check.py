@@ -48,8 +48,10 @@ def run(args: argparse.Namespace) -> int:
     results, notes = compare(summary, baselines, suite.tolerance)
     print(format_text(results, notes))
     regressed = [c for c in results if c.status == "regressed"]
-    print(f"\ntwin check: {'FAILED' if regressed else 'passed'}: {len(regressed)} regressed of {len(results)} "
-          f"metrics ({wall:.0f} s)")
+    print(f"\ntwin check: {'FAILED' if regressed else 'passed'} ({len(results)} metric comparisons, {wall:.0f} s)")
     if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(format_markdown(results, notes, suite.tolerance), encoding="utf-8")
+        print(f"wrote {args.out}")
+    print(f"check: {len(results) - len(regressed)} passed, {len(regressed)} failed")
     return 1 if regressed else 0
