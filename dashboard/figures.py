@@ -63,8 +63,8 @@ def fig_streams_per_replica(streams: pd.DataFrame) -> go.Figure:
 
 def fig_prefix_hit(curve: pd.DataFrame, *, current_hit: float | None = None) -> go.Figure:
     """Replicas against the prefix-cache hit fraction (``tables.prefix_hit_table``): prefill-inclusive
-    replicas (falls with the hit rate) and the decode-only sizing with reserve (flat); the current hit
-    fraction as a vertical line."""
+    replicas (falls with the hit rate) and the notes' decode-only sizing (flat), both at the planning
+    utilisation without the failover reserve; the current hit fraction as a vertical line."""
     title = "Fleet size vs prefix-cache hit rate"
     if curve.empty:
         return _empty(title, "no rows")
@@ -72,14 +72,14 @@ def fig_prefix_hit(curve: pd.DataFrame, *, current_hit: float | None = None) -> 
     if curve["replicas_with_prefill"].notna().any():
         fig.add_scatter(x=curve["hit"], y=curve["replicas_with_prefill"], mode="lines+markers",
                         name="replicas incl. prefill time")
-    if curve["replicas_with_reserve"].notna().any():
-        fig.add_scatter(x=curve["hit"], y=curve["replicas_with_reserve"], mode="lines", line_dash="dash",
-                        name="replicas with reserve (decode only)")
+    if curve["replicas_decode_only"].notna().any():
+        fig.add_scatter(x=curve["hit"], y=curve["replicas_decode_only"], mode="lines", line_dash="dash",
+                        name="decode only (the notes' sizing)")
     if not fig.data:
         return _empty(title, "the inputs give no prefill or decode capacity")
     if current_hit is not None:
         fig.add_vline(x=current_hit, line_dash="dot", line_color="grey", annotation_text=f"now {current_hit:.0%}")
-    fig.update_layout(title=title, xaxis_title="prefix-cache hit fraction", yaxis_title="replicas",
+    fig.update_layout(title=title, xaxis_title="prefix-cache hit fraction", yaxis_title="replicas (no reserve)",
                       xaxis_tickformat=".0%", height=340, margin={"l": 10, "r": 10, "t": 50, "b": 40})
     return fig
 

@@ -57,8 +57,9 @@ def prefix_hit_table(inputs: CapacityInputs, *, profile: ProfileLike | None = No
     """The capacity model re-run at each prefix-cache hit fraction (all other inputs unchanged).
 
     Columns: ``hit``, ``replicas_with_prefill`` (prefill time-shares a replica with decode; null when the
-    inputs give no prefill capacity), ``replicas_with_reserve`` (decode-only sizing, flat in the hit rate),
-    ``prefill_share`` and ``fleet_fraction_saved_per_10pt``.
+    inputs give no prefill capacity), ``replicas_decode_only`` (the notes' sizing at the planning
+    utilisation, flat in the hit rate; neither includes the failover reserve), ``prefill_share`` and
+    ``fleet_fraction_saved_per_10pt``.
     """
     grid = [round(float(h), 4) for h in (hits if hits is not None else np.arange(0.0, 0.951, 0.05))]
     data = inputs.model_dump(exclude_unset=True)
@@ -66,10 +67,10 @@ def prefix_hit_table(inputs: CapacityInputs, *, profile: ProfileLike | None = No
     for h in grid:
         r = compute_capacity(CapacityInputs.model_validate({**data, "prefix_cache_hit_fraction": h}), profile=profile)
         rows.append({"hit": h, "replicas_with_prefill": r.replicas_with_prefill,
-                     "replicas_with_reserve": r.replicas_with_reserve,
+                     "replicas_decode_only": r.replicas,
                      "prefill_share": r.prefill_share_of_replica_time,
                      "fleet_fraction_saved_per_10pt": r.fleet_fraction_saved_per_10pt_prefix_hit})
-    return pd.DataFrame(rows, columns=["hit", "replicas_with_prefill", "replicas_with_reserve", "prefill_share",
+    return pd.DataFrame(rows, columns=["hit", "replicas_with_prefill", "replicas_decode_only", "prefill_share",
                                        "fleet_fraction_saved_per_10pt"])
 
 

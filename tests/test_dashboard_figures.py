@@ -73,15 +73,15 @@ def test_prefix_hit_table_reruns_the_model_per_hit_rate():
     assert curve["hit"].iloc[0] == 0.0 and curve["hit"].iloc[-1] == pytest.approx(0.95)
     assert (np.diff(curve["replicas_with_prefill"]) <= 0).all() and curve["replicas_with_prefill"].iloc[0] > \
         curve["replicas_with_prefill"].iloc[-1]
-    assert curve["replicas_with_reserve"].nunique() == 1  # decode-only sizing ignores the hit rate
+    assert set(curve["replicas_decode_only"]) == {compute_capacity(SEED_10M).replicas}  # ignores the hit rate
     at70 = curve.set_index("hit").loc[0.7]
     assert at70["replicas_with_prefill"] == compute_capacity(SEED_10M).replicas_with_prefill
     fig = figures.fig_prefix_hit(curve, current_hit=0.7)
-    assert [t.name for t in fig.data] == ["replicas incl. prefill time", "replicas with reserve (decode only)"]
+    assert [t.name for t in fig.data] == ["replicas incl. prefill time", "decode only (the notes' sizing)"]
     assert fig.layout.shapes[0].x0 == 0.7
     # no prefill capacity stated (the 1M note): only the flat decode line
     one_m = figures.fig_prefix_hit(tables.prefix_hit_table(PRESETS["seed-1m"], hits=[0.0, 0.5]))
-    assert [t.name for t in one_m.data] == ["replicas with reserve (decode only)"]
+    assert [t.name for t in one_m.data] == ["decode only (the notes' sizing)"]
 
 
 # ------------------------------------------------------------------------------------- run summaries
@@ -253,3 +253,19 @@ def test_fleet_scenarios_lists_only_fleet_scenarios():
     found = runs.fleet_scenarios()
     assert {"launch-day-10x", "baseline-day", "region-loss-drill"} <= set(found)
     assert "single-replica-demo" not in found
+
+
+def test_rows_from_a_twin_sweep_folder(tmp_path):
+    pytest.importorskip("duckdb")
+    sweep = pytest.importorskip("twin.sweep")
+    spec = sweep.SweepSpec(name="tiny", scenarios=[str(runs.SCENARIO_DIR / "baseline-day.yaml")],
+                           policies={"rr": {"kind": "round_robin"}, "lot": {"kind": "least_outstanding_tokens"}},
+                           seeds=2, overrides=runs.size_overrides(scale=0.001, duration_s=5))
+    sweep.run_sweep(spec, out=tmp_path, workers=0, progress=False)
+    rows, reader = runs.rows_from_folder(tmp_path / "tiny")
+    assert reader.startswith("twin sweep folder")
+    assert sorted((r["policy"], r["seed"]) for r in rows) == [("lot", 0), ("lot", 1), ("rr", 0), ("rr", 1)]
+    ci = tables.ci_table(rows, metrics=["ttft_p99_s", "goodput_rps"])
+    assert set(ci["n"]) == {2} and len(ci) == 4
+    assert all(math.isfinite(m) for m in ci["mean"])
+    assert len(figures.fig_policy_ci(ci, "goodput_rps").data[0].x) == 2
