@@ -56,12 +56,37 @@ def test_load_spread_matches_a_direct_computation(folder):
     rows = {r["run_hash"]: r for r in results_db.per_run(con)}
     for h, r in rows.items():
         scopes = [s for s in pq.read_table(folder / "runs" / h / "requests.parquet")["scope"].to_pylist() if s]
-        n_rep = json.loads((folder / "runs" / h / "summary.json").read_text())["fleet"]["replicas"]
-        counts = np.array([scopes.count(s) for s in sorted(set(scopes))] + [0] * (n_rep - len(set(scopes))), float)
-        assert r["replicas"] == n_rep
+        reps = pq.read_table(folder / "runs" / h / "replicas.parquet").to_pylist()
+        assert len(reps) == json.loads((folder / "runs" / h / "summary.json").read_text())["fleet"]["replicas"]
+        assert set(scopes) <= {p["scope"] for p in reps}
+        pool = lambda p: (p["region"], p["model"], p["pool"])  # noqa: E731
+        busy = {pool(p) for p in reps if p["scope"] in scopes}
+        counts = np.array([scopes.count(p["scope"]) for p in reps if pool(p) in busy], float)
+        assert r["replicas"] == len(counts)
         assert r["load_spread_cv"] == pytest.approx(counts.std() / counts.mean(), rel=1e-9)
     spreads = {r["policy"]: r["load_spread_cv"] for r in rows.values()}
     assert len(set(spreads.values())) > 1
+
+
+def test_an_idle_replica_counts_as_zero_and_an_idle_pool_is_left_out(tmp_path):
+    """Hand-made run folder: pool A has replicas a0 (3 requests) and a1 (idle); pool B (b0) is idle."""
+    import pyarrow as pa
+
+    run = tmp_path / "runs" / "0123456789abcdef"
+    run.mkdir(parents=True)
+    (run / "manifest.json").write_text(json.dumps({"exception": None}))
+    pq.write_table(pa.Table.from_pylist([{"run_hash": run.name, "scenario": "s", "policy": "p", "seed": 0,
+                                          "ttft_s_p50": 0.1, "ttft_s_p99": 0.2, "itl_s_p99": 0.01,
+                                          "prefix_cache_hit_rate": 0.5, "goodput_rps": 1.0}]), run / "run.parquet")
+    pq.write_table(pa.Table.from_pylist([{"scope": s, "outcome": "completed"} for s in ["a0", "a0", "a0", ""]]),
+                   run / "requests.parquet")
+    pq.write_table(pa.Table.from_pylist([{"scope": "a0", "region": "r", "model": "m", "pool": "A"},
+                                         {"scope": "a1", "region": "r", "model": "m", "pool": "A"},
+                                         {"scope": "b0", "region": "r", "model": "m", "pool": "B"}]),
+                   run / "replicas.parquet")
+    (row,) = results_db.per_run(results_db.connect(tmp_path))
+    assert row["replicas"] == 2
+    assert row["load_spread_cv"] == pytest.approx(1.0)  # counts (3, 0): std 1.5 / mean 1.5
 
 
 def test_summary_mean_and_ci_across_seeds(folder):

@@ -48,8 +48,8 @@ def test_sweep_writes_one_complete_folder_per_run(swept):
     for t in tasks:
         d = out / "tiny" / "runs" / t.run_hash
         names = {p.name for p in d.iterdir()}
-        assert {"events.parquet", "levels.parquet", "requests.parquet", "manifest.json", "summary.json",
-                "run.parquet"} <= names
+        assert {"events.parquet", "levels.parquet", "requests.parquet", "replicas.parquet", "manifest.json",
+                "summary.json", "run.parquet"} <= names
         assert t.run_hash == run_hash(t.config, t.seed, t.replication)
         manifest = json.loads((d / "manifest.json").read_text())
         assert manifest["exception"] is None and manifest["seed"] == t.seed

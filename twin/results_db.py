@@ -5,11 +5,14 @@
 
 - ``runs``: every ``run.parquet`` row (scenario, policy, seed, run_hash, flattened summary metrics);
 - ``requests``, ``events``, ``levels``: the runs' tables with a ``run_hash`` column added;
-- ``replica_load``: per run and replica, the requests that ended there (``requests.scope``; requests
-  rejected before routing have an empty scope and are left out; a replica that served none has no row);
+- ``replicas``: every replica of each run (``scope, region, model, pool``), idle ones included;
+- ``replica_load``: ``replicas`` with ``routed_requests``, the requests that ended there
+  (``requests.scope``; requests rejected before routing have an empty scope), 0 for an idle replica;
 - ``run_metrics``: per run, the labels and the metrics the summary and the check gate compare,
-  including ``load_spread_cv``: the coefficient of variation (population std / mean) of requests per
-  replica over all the fleet's replicas (``fleet_replicas``; idle ones count as zero).
+  including ``load_spread_cv``: the coefficient of variation (population std / mean) of
+  ``routed_requests`` over the replicas of the pools (region, model, pool) that served any request.
+  A pool that served nothing (a standby tier, say) is left out; an idle replica in a busy pool counts 0.
+  ``replicas`` is the number of replicas it was computed over.
 
 Schemas may differ between runs (a tier seen in one run only); views read with ``union_by_name``.
 """
@@ -21,7 +24,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-TABLES = ("requests", "events", "levels")
+TABLES = ("requests", "events", "levels", "replicas")
 
 # metric column -> (run.parquet expression, True when higher is better)
 METRICS: dict[str, tuple[str, bool]] = {
@@ -69,25 +72,25 @@ def connect(folder: str | Path):
             con.execute(f"CREATE VIEW {name} AS SELECT * EXCLUDE (filename), "
                         "regexp_extract(filename, '([^/\\\\]+)[/\\\\][^/\\\\]+$', 1) AS run_hash "
                         f"FROM read_parquet({_sql_list(files)}, filename=true, union_by_name=true)")
+    if not all((d / "replicas.parquet").exists() for d in runs):
+        raise FileNotFoundError(f"{folder}: a run has no replicas.parquet (written by twin sweep); rerun the sweep")
     con.execute("""
         CREATE VIEW replica_load AS
-        SELECT run_hash, scope, count(*) AS routed_requests
-        FROM requests WHERE scope IS NOT NULL AND scope <> '' GROUP BY run_hash, scope
+        WITH routed AS (SELECT run_hash, scope, count(*) AS n FROM requests
+                        WHERE scope IS NOT NULL AND scope <> '' GROUP BY run_hash, scope)
+        SELECT p.run_hash, p.scope, p.region, p.model, p.pool, coalesce(routed.n, 0) AS routed_requests
+        FROM replicas p LEFT JOIN routed ON p.run_hash = routed.run_hash AND p.scope = routed.scope
     """)
-    run_cols = {r[0] for r in con.execute("DESCRIBE runs").fetchall()}
-    fleet_n = "r.fleet_replicas" if "fleet_replicas" in run_cols else "NULL"
     cols = ", ".join(f"r.{src} AS {name}" for name, (src, _) in METRICS.items() if name != "load_spread_cv")
     con.execute(f"""
         CREATE VIEW run_metrics AS
-        WITH l AS (SELECT run_hash, count(*) AS k, sum(routed_requests) AS s1,
-                          sum(routed_requests * routed_requests) AS s2
-                   FROM replica_load GROUP BY run_hash),
-             m AS (SELECT r.*, CAST(coalesce({fleet_n}, l.k) AS BIGINT) AS n_rep, l.s1, l.s2
-                   FROM runs r LEFT JOIN l ON r.run_hash = l.run_hash)
-        SELECT r.scenario, r.policy, r.seed, r.run_hash, {cols}, r.n_rep AS replicas,
-               CASE WHEN r.s1 > 0 THEN sqrt(greatest(r.s2 / r.n_rep - (r.s1 / r.n_rep) ** 2, 0)) / (r.s1 / r.n_rep)
-               END AS load_spread_cv
-        FROM m r
+        WITH busy AS (SELECT l.* FROM replica_load l
+                      QUALIFY sum(routed_requests) OVER (PARTITION BY run_hash, region, model, pool) > 0),
+             spread AS (SELECT run_hash, count(*) AS replicas,
+                               stddev_pop(routed_requests) / avg(routed_requests) AS load_spread_cv
+                        FROM busy GROUP BY run_hash)
+        SELECT r.scenario, r.policy, r.seed, r.run_hash, {cols}, s.replicas, s.load_spread_cv
+        FROM runs r LEFT JOIN spread s ON r.run_hash = s.run_hash
     """)
     return con
 

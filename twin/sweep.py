@@ -6,7 +6,8 @@ the scenario file with the spec's common overrides, then the policy's overrides,
 the tasks of one scenario and seed, so they see the same arrivals (common random numbers, STYLE 3).
 
 A run lands in ``<out>/<name>/runs/<hash>/`` where the hash covers (effective config, seed, replication):
-its Parquet tables, ``manifest.json``, ``summary.json`` and a one-row ``run.parquet`` (scenario, policy,
+its Parquet tables, ``replicas.parquet`` (every replica, idle ones too), ``manifest.json``,
+``summary.json`` and a one-row ``run.parquet`` (scenario, policy,
 seed, hash and the flattened summary). Workers compute; the calling process writes, so a dask cluster
 needs no shared filesystem. A folder whose manifest has no exception is complete and is skipped on the
 next sweep; a failed run's folder holds only its manifest (with the exception) and is run again.
@@ -178,8 +179,22 @@ def execute(task: RunTask) -> dict[str, Any]:
 
     scenario = parse_scenario(task.config, source=f"run {task.run_hash}")
     result = run_scenario(scenario, seed=task.seed, replication=task.replication)
-    return {"tables": result.tables if result.ok else {}, "summary": result.summary if result.ok else None,
+    if not result.ok:
+        return {"tables": {}, "summary": None, "manifest": result.manifest}
+    return {"tables": dict(result.tables, replicas=replicas_table(result.world)), "summary": result.summary,
             "manifest": result.manifest}
+
+
+def replicas_table(world: Any) -> pa.Table:
+    """Every replica of the run (``scope, region, model, pool``), idle ones included: the tables only
+    name replicas that did something, and the load spread needs the ones that did nothing too."""
+    handles = getattr(world, "handles", None)
+    if handles is None:  # the single-replica world
+        rows = [{"scope": world.replica.scope, "region": None, "model": None, "pool": None}]
+    else:
+        rows = [{"scope": h.replica.scope, "region": h.region, "model": h.model, "pool": h.pool} for h in handles]
+    schema = pa.schema([(c, pa.string()) for c in ("scope", "region", "model", "pool")])
+    return pa.Table.from_pylist(rows, schema=schema)
 
 
 def _flatten(prefix: str, obj: Any, out: dict[str, Any]) -> None:
