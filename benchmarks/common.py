@@ -15,13 +15,23 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+_last_cpu_s = 0.0
+
+
 def measure(fn: Callable[[], Any]) -> tuple[Any, float]:
+    """Run ``fn``; returns its result and wall seconds (its CPU seconds go to the next ``emit``)."""
+    global _last_cpu_s
+    c0 = time.process_time()
     t0 = time.perf_counter()
     out = fn()
-    return out, time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    _last_cpu_s = time.process_time() - c0
+    return out, wall
 
 
 def emit(case: str, *, sim_requests: int, sim_s: float, events: int, wall_s: float, extra: dict | None = None) -> dict:
+    """One JSON line per case. ``cpu_s`` is this process's CPU time for the case: on a machine shared with
+    other work it is the steadier number (wall time includes waiting for a core)."""
     row = {
         "case": case,
         "sim_requests": sim_requests,
@@ -29,6 +39,9 @@ def emit(case: str, *, sim_requests: int, sim_s: float, events: int, wall_s: flo
         "sim_s_per_wall_s": sim_s / wall_s,
         "events_per_wall_s": events / wall_s,
         "wall_s": wall_s,
+        "cpu_s": _last_cpu_s,
+        "sim_requests_per_cpu_s": sim_requests / _last_cpu_s if _last_cpu_s > 0 else None,
+        "sim_s_per_cpu_s": sim_s / _last_cpu_s if _last_cpu_s > 0 else None,
         "peak_rss_mb": peak_rss_mb(),
     }
     if extra:

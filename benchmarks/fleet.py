@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         log(f"fleet at scale {scale:g} for {args.sim_s:g} simulated s ...")
         rows.append(run_case(f"fleet_peak_x{m:g}", scale=scale, sim_s=args.sim_s))
     print(table(rows, ["case", "replicas", "sim_requests", "sim_s_per_wall_s", "sim_requests_per_wall_s",
-                       "events_per_wall_s", "wall_s", "peak_rss_mb"]))
+                       "events_per_wall_s", "wall_s", "cpu_s", "peak_rss_mb"]))
     if len(rows) > 1:
         base = rows[0]
         for r in rows[1:]:
