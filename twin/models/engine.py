@@ -180,31 +180,40 @@ class Engine:
         i = 0
         bs = cfg.block_size
         caching = cfg.enable_prefix_caching
-        while i < len(running) and budget > 0:
+        n_running = len(running)
+        n_fast = 0  # decode items scheduled by the fast path (shape counted inline: d_req, d_ctx)
+        slow: list[int] = []  # positions in reqs of every other item (shape counted in _shape)
+        d_ctx = 0
+        while i < n_running and budget > 0:
             r = running[i]
             c = r.num_computed
             n = r.seq.num_tokens - c
-            if n == 1 and c < mml - 1:
+            if n == 1 and c < mml - 1 and r.num_output > 0:
                 # Decode fast path: a new block only when the previous ones are full; a block to hash
                 # only when this token fills one. Same result as kv.allocate, without the general case.
-                if c % bs == 0 or len(r.blocks) * bs < c + 1:
+                c1 = c + 1
+                if c % bs == 0 or len(r.blocks) * bs < c1:
                     if not kv.allocate(r, 1):
                         n = 1  # fall through to the general path, which preempts
                     else:
                         reqs.append(r)
                         ns.append(1)
-                        r.num_computed = c + 1
+                        r.num_computed = c1
                         budget -= 1
                         i += 1
+                        n_fast += 1
+                        d_ctx += c1
                         continue
                 else:
-                    if caching and (c + 1) % bs == 0:
-                        kv._cache(r, c + 1)
+                    if caching and c1 % bs == 0:
+                        kv._cache(r, c1)
                     reqs.append(r)
                     ns.append(1)
-                    r.num_computed = c + 1
+                    r.num_computed = c1
                     budget -= 1
                     i += 1
+                    n_fast += 1
+                    d_ctx += c1
                     continue
             if t_long > 0 and n > t_long:
                 n = t_long
@@ -235,12 +244,14 @@ class Engine:
                 if victim is r:
                     self_preempted = True
                     break
+            n_running = len(running)
             if self_preempted:
                 if fcfs:
                     break
                 continue  # running[i] is now the next request
             reqs.append(r)
             ns.append(n)
+            slow.append(len(reqs) - 1)
             r.num_computed += n
             budget -= n
             i += 1
@@ -274,12 +285,16 @@ class Engine:
                 r.num_computed = h + n
                 reqs.append(r)
                 ns.append(n)
+                slow.append(len(reqs) - 1)
                 step.admitted.append(r)
                 budget -= n
 
         if not reqs:
             return None
-        self._shape(step)
+        if preempted_any:  # a preemption may have taken back scheduled items: count from scratch
+            self._shape(step, range(len(reqs)), 0, 0)
+        else:
+            self._shape(step, slow, n_fast, d_ctx)
         step.uniform_decode = (
             not step.admitted and not step.preempted and len(reqs) == len(running)
             and step.shape.prefill_requests == 0
@@ -287,18 +302,24 @@ class Engine:
         step.kv_usage = kv.usage()
         return step
 
-    def _shape(self, step: Step) -> None:
-        d_req = d_ctx = p_req = p_tok = p_pairs = 0
-        ctx_r = ctx_t = gen_r = gen_t = 0
-        for r, n in zip(step.reqs, step.ns):
-            before = r.num_computed - n
+    def _shape(self, step: Step, items, n_fast: int, d_ctx: int) -> None:
+        """Step shape and iteration-log counts from the items at positions ``items`` plus ``n_fast`` items
+        of Phase A's decode fast path (one token each, with output, ``d_ctx`` context tokens in all)."""
+        d_req = n_fast
+        p_req = p_tok = p_pairs = 0
+        ctx_r = ctx_t = 0
+        gen_r = gen_t = n_fast
+        reqs, ns = step.reqs, step.ns
+        for j in items:
+            r = reqs[j]
+            n = ns[j]
             if n == 1 and r.num_computed == r.seq.num_tokens and r.num_output > 0:
                 d_req += 1
                 d_ctx += r.num_computed
             else:
                 p_req += 1
                 p_tok += n
-                p_pairs += prefill_attention_work(before, n)
+                p_pairs += prefill_attention_work(r.num_computed - n, n)
             # vLLM's iteration log: a request with output is "gen", whatever the step computes for it.
             if r.num_output > 0:
                 gen_r += 1
@@ -341,6 +362,7 @@ class Engine:
                 if itl_g is not None:
                     itl_g.append(r.group)
                 seq._out_len += 1
+                seq.num_tokens += 1
                 r.num_output += 1
                 r.last_token_s = end_s
                 emitted += 1
@@ -427,7 +449,11 @@ class Engine:
         return lo
 
     def complete_decode_run(self, step: Step, m: int, ends_s: list[float]) -> list[EngineRequest]:
-        """Apply ``m`` decode steps (the first is ``step``) ending at ``ends_s[0..m-1]``."""
+        """Apply ``m`` decode steps (the first is ``step``) ending at ``ends_s[0..m-1]``.
+
+        Per request: the blocks of steps 2..m (the tokens sampled in steps 1..m-1), then ``m`` new tokens,
+        the first at ``ends_s[0]`` and the last at ``ends_s[m-1]``; as ``m`` calls of ``complete`` would.
+        """
         if m == 1:
             return self.complete(step, ends_s[0])
         self.num_steps += m
@@ -435,32 +461,45 @@ class Engine:
         mml = self.cfg.max_model_len
         first_s, last_s = ends_s[0], ends_s[m - 1]
         finished: list[EngineRequest] = []
+        k = m - 1
+        itl_v, itl_w, itl_g = self.itl_values, self.itl_weights, self.itl_groups
         for r in self.running:
-            r.seq.append_output(m - 1)  # tokens sampled in steps 1..m-1, computed in steps 2..m
-            r.num_output += m - 1
-            ok = kv.allocate(r, m - 1)
+            ok = kv.allocate_decode(r, r.num_computed + k)  # the tokens computed in steps 2..m
             assert ok, "max_decode_run guaranteed the blocks"
-            r.num_computed += m - 1
-            r.seq.append_output(-(m - 1))  # _emit appends them again with timing
-            r.num_output -= m - 1
-            self._emit(r, m, first_s, last_s)
+            r.num_computed += k
+            # _emit for a request with output (every request of a decode run has some), inlined
+            itl_v.append(first_s - r.last_token_s)
+            itl_w.append(1)
+            if itl_g is not None:
+                itl_g.append(r.group)
+            seq = r.seq
+            seq._out_len += m
+            seq.num_tokens += m
+            n_out = r.num_output = r.num_output + m
+            r.last_token_s = last_s
+            w = r.watch_output
+            if r.on_tokens is not None and w is not None and n_out >= w:
+                r.on_tokens(r, m, last_s)
             if r.token_times is not None:
                 r.token_times.extend(ends_s[:m])
-            if r.num_output >= r.target_output_tokens or r.seq.num_tokens >= mml:
+            if n_out >= r.target_output_tokens or seq.num_tokens >= mml:
                 finished.append(r)
-        if self.itl_groups is None:
-            counts: dict[str | None, int] = {None: len(self.running)}
+        self.generation_tokens += m * len(self.running)
+        gaps = [ends_s[j] - ends_s[j - 1] for j in range(1, m)]
+        if itl_g is None:
+            itl_v.extend(gaps)
+            itl_w.extend([len(self.running)] * k)
         else:
-            counts = {}
+            counts: dict[str | None, int] = {}
             for r in self.running:
                 counts[r.group] = counts.get(r.group, 0) + 1
-        for j in range(1, m):
-            gap = ends_s[j] - ends_s[j - 1]
-            for g, n in counts.items():
-                self.itl_values.append(gap)
-                self.itl_weights.append(n)
-                if self.itl_groups is not None:
-                    self.itl_groups.append(g)
+            g = len(counts)
+            if g == 1:
+                itl_v.extend(gaps)
+            else:  # step-major, groups in first-seen order
+                itl_v.extend([gap for gap in gaps for _ in range(g)])
+            itl_w.extend(list(counts.values()) * k)
+            itl_g.extend(list(counts) * k)
         if finished:
             self._retire(finished, last_s)
         return finished

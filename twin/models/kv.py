@@ -89,21 +89,33 @@ class BlockPool:
 
     # ---- allocation ---------------------------------------------------------------------------
     def _pop_free(self, n: int, out: list[int]) -> None:
-        head, tail, bhash, ref = self.head, self.tail, self.bhash, self.ref
-        nb = self.num_blocks
-        for _ in range(n):
-            if head:
-                b, _ = head.popitem(last=False)
-            elif self.fresh < nb:
-                b = self.fresh
-                self.fresh += 1
-            else:
-                b, _ = tail.popitem(last=False)
+        """Pop ``n`` blocks off the free queue (head, then never-used blocks, then tail) into ``out``."""
+        head, bhash, ref = self.head, self.bhash, self.ref
+        while n and head:
+            b, _ = head.popitem(last=False)
             h = bhash[b]
             if h is not None:  # evict
                 self._uncache(b, h)
             ref[b] = 1
             out.append(b)
+            n -= 1
+        if n:
+            fresh = self.fresh
+            k = min(n, self.num_blocks - fresh)
+            if k:  # never used: no hash, ref 0
+                ref[fresh:fresh + k] = [1] * k
+                out.extend(range(fresh, fresh + k))
+                self.fresh = fresh + k
+                n -= k
+        if n:
+            tail = self.tail
+            for _ in range(n):
+                b, _ = tail.popitem(last=False)
+                h = bhash[b]
+                if h is not None:  # evict
+                    self._uncache(b, h)
+                ref[b] = 1
+                out.append(b)
 
     def _uncache(self, b: int, h: int) -> None:
         self.bhash[b] = None
@@ -167,6 +179,20 @@ class BlockPool:
         self._cache(req, req.num_computed + n)
         return True
 
+    def allocate_decode(self, req: EngineRequest, computed_after: int) -> bool:
+        """``allocate`` for a decoding request whose KV will cover ``computed_after`` tokens, all of them
+        known (``computed_after`` equals the sequence length the scheduled steps have produced)."""
+        bs = self.block_size
+        mml = self.max_model_len
+        new = -(-(computed_after if computed_after < mml else mml) // bs) - len(req.blocks)
+        if new > 0:
+            if new > self.num_free:
+                return False
+            self._pop_free(new, req.blocks)
+        if self.caching and computed_after // bs > req.num_cached_blocks:
+            self._cache_upto(req, computed_after // bs)
+        return True
+
     def blocks_needed(self, req: EngineRequest, n: int) -> int:
         need = -(-min(req.num_computed + n, self.max_model_len) // self.block_size)
         return max(need - len(req.blocks), 0)
@@ -175,13 +201,15 @@ class BlockPool:
         """Register every full block the scheduled tokens complete (``cache_blocks``)."""
         if not self.caching:
             return
-        full = min(computed_after, req.seq.num_tokens) // self.block_size
-        start = req.num_cached_blocks
-        if full <= start:
-            return
+        n_tok = req.seq.num_tokens
+        full = (computed_after if computed_after < n_tok else n_tok) // self.block_size
+        if full > req.num_cached_blocks:
+            self._cache_upto(req, full)
+
+    def _cache_upto(self, req: EngineRequest, full: int) -> None:
         hashes = req.seq.block_hashes(full)
         blocks, bhash, cached = req.blocks, self.bhash, self.cached
-        for i in range(start, full):
+        for i in range(req.num_cached_blocks, full):
             b = blocks[i]
             h = hashes[i]
             bhash[b] = h

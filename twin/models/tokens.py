@@ -21,10 +21,23 @@ NONE_HASH = 0x5EED_7717  # the chain's seed, like vLLM's NONE_HASH
 Piece = tuple[int, ...]
 
 
-class TokenSeq:
-    """An append-only token sequence made of pieces, with lazily extended block hashes."""
+# Chains of the full blocks inside a prompt's leading pieces (system prompt, tool schemas), shared by every
+# request that starts with the same pieces: key (leading pieces, block size) -> hashes. A chain is entered
+# the second time its key is seen, so one-off prompts never fill the memo; both maps are bounded.
+_HEAD_MEMO: dict[tuple, list[int]] = {}
+_HEAD_SEEN: set[tuple] = set()
+_HEAD_MEMO_MAX = 4096
+_HEAD_SEEN_MAX = 65536
 
-    __slots__ = ("_pieces", "_length", "_hashes", "block_size", "_out_seg", "_out_len", "_out_off")
+
+class TokenSeq:
+    """An append-only token sequence made of pieces, with lazily extended block hashes.
+
+    ``num_tokens`` is a plain attribute (read in every engine step), kept equal to prompt + output length.
+    """
+
+    __slots__ = ("_pieces", "_length", "_hashes", "block_size", "_out_seg", "_out_len", "_out_off", "num_tokens",
+                 "_pi", "_pstart")
 
     def __init__(self, pieces: Iterable[tuple[str, object]], *, block_size: int, output_segment: int,
                  output_offset: int = 0) -> None:
@@ -49,11 +62,10 @@ class TokenSeq:
         self._out_seg = output_segment
         self._out_off = output_offset
         self._out_len = 0
+        self.num_tokens = self._length
         self._hashes: list[int] = []
-
-    @property
-    def num_tokens(self) -> int:
-        return self._length + self._out_len
+        self._pi = 0  # cursor of _extend: index and first token of the piece holding the next block's start
+        self._pstart = 0
 
     @property
     def prompt_tokens(self) -> int:
@@ -61,44 +73,90 @@ class TokenSeq:
 
     def append_output(self, n: int = 1) -> None:
         self._out_len += n
+        self.num_tokens += n
 
     def block_hashes(self, num_full_blocks: int) -> list[int]:
-        """Hashes of the first ``num_full_blocks`` full blocks (extended on demand)."""
+        """Hashes of the first ``num_full_blocks`` full blocks (extended on demand).
+
+        The list returned may be longer than asked only if an earlier call asked for more.
+        """
         if num_full_blocks > len(self._hashes):
             self._extend(num_full_blocks)
         return self._hashes
 
+    def _head(self, upto: int) -> None:
+        """Start the chain from the memo of the leading virtual pieces (at most ``upto`` blocks)."""
+        pieces = self._pieces
+        bs = self.block_size
+        for k in (2, 1):
+            if len(pieces) < k or any(p[0] != 1 for p in pieces[:k]):
+                continue
+            key = (tuple(pieces[:k]), bs)
+            chain = _HEAD_MEMO.get(key)
+            if chain is None:
+                if key in _HEAD_SEEN:
+                    if len(_HEAD_MEMO) < _HEAD_MEMO_MAX:
+                        n_full = sum(p[2] for p in pieces[:k]) // bs
+                        self._extend_from(n_full)
+                        _HEAD_MEMO[key] = self._hashes[:n_full]
+                        if n_full > upto:
+                            del self._hashes[upto:]
+                            self._pi = self._pstart = 0  # the cursor may only trail the next block
+                        return
+                else:
+                    if len(_HEAD_SEEN) >= _HEAD_SEEN_MAX:
+                        _HEAD_SEEN.clear()
+                    _HEAD_SEEN.add(key)
+                continue
+            self._hashes.extend(chain[:upto])
+            return
+
     def _extend(self, upto: int) -> None:
+        if not self._hashes:
+            self._head(upto)
+            if len(self._hashes) >= upto:
+                return
+        self._extend_from(upto)
+
+    def _extend_from(self, upto: int) -> None:
         bs = self.block_size
         hashes = self._hashes
         parent = hashes[-1] if hashes else NONE_HASH
         pieces = self._pieces
-        # cursor over pieces: index and start offset of the piece holding the next block's first token
-        pi, pstart = 0, 0
+        n_pieces = len(pieces)
         b = len(hashes)
-        start = b * bs
-        while pi < len(pieces) and pstart + pieces[pi][2] <= start:
-            pstart += pieces[pi][2]
-            pi += 1
+        pi, pstart = self._pi, self._pstart
         while b < upto:
             start = b * bs
-            while pi < len(pieces) and pstart + pieces[pi][2] <= start:
+            while pi < n_pieces and pstart + pieces[pi][2] <= start:
                 pstart += pieces[pi][2]
                 pi += 1
-            if pi < len(pieces) and pieces[pi][0] == 1 and start + bs <= pstart + pieces[pi][2]:
-                # fast path: the block lies inside one virtual segment (same content tuple as below)
-                seg = pieces[pi][1]
-                a = start - pstart
-                last = min(upto, b + (pstart + pieces[pi][2] - start) // bs)
-                while b < last:
+            if pi < n_pieces:
+                kind, seg, length = pieces[pi]
+                if kind == 1 and start + bs <= pstart + length:
+                    # fast path: the block lies inside one virtual segment (same content tuple as below)
+                    a = start - pstart
+                    last = min(upto, b + (pstart + length - start) // bs)
+                    while b < last:
+                        parent = hash((parent, ((seg, a, a + bs),)))
+                        hashes.append(parent)
+                        a += bs
+                        b += 1
+                    continue
+            elif start >= self._length:
+                # fast path: the block lies inside the output segment (same content tuple as below)
+                seg, off = self._out_seg, self._out_off
+                a = start - self._length + off
+                while b < upto:
                     parent = hash((parent, ((seg, a, a + bs),)))
                     hashes.append(parent)
                     a += bs
                     b += 1
-                continue
+                break
             parent = hash((parent, self._block_content(start, bs)))
             hashes.append(parent)
             b += 1
+        self._pi, self._pstart = pi, pstart
 
     def _block_content(self, start: int, n: int) -> tuple:
         """Canonical description of tokens [start, start+n)."""
