@@ -52,6 +52,7 @@ class Replica:
         self._busy = False
         self._pending_aborts: list[tuple[EngineRequest, str]] = []
         self._step_index = 0
+        self._lv_last: list[float | None] = [None, None, None]  # running, waiting, kv_usage as last recorded
         self.events = 0  # engine events (a step or a decode run), for benchmarks
         self.process: simpy.Process | None = None
 
@@ -216,10 +217,19 @@ class Replica:
         self._levels()
 
     def _levels(self) -> None:
-        now, rec, eng, s = self.env.now, self.rec, self.engine, self.scope
-        rec.level(now, s, "running", float(len(eng.running)))
-        rec.level(now, s, "waiting", float(len(eng.waiting)))
-        rec.level(now, s, "kv_usage", eng.kv.usage())
+        """Record the three gauges. A value equal to the one last recorded is a no-op in the recorder, so
+        it is skipped here without the recorder's lookup (this runs once per engine event)."""
+        eng, last = self.engine, self._lv_last
+        running, waiting, kv = float(len(eng.running)), float(len(eng.waiting)), eng.kv.usage()
+        if running != last[0]:
+            last[0] = running
+            self.rec.level(self.env.now, self.scope, "running", running)
+        if waiting != last[1]:
+            last[1] = waiting
+            self.rec.level(self.env.now, self.scope, "waiting", waiting)
+        if kv != last[2]:
+            last[2] = kv
+            self.rec.level(self.env.now, self.scope, "kv_usage", kv)
 
     def _log_iteration(self, step: Step, t0: float, d: float) -> None:
         if self.rec.record_iterations:

@@ -119,7 +119,12 @@ class Router:
 
     def _refresh(self, h: ReplicaHandle) -> None:
         i = h.index
-        self.snapshots[i] = dataclasses.replace(self.snapshots[i], outstanding_tokens=h.outstanding_tokens)
+        s = self.snapshots[i]
+        # dataclasses.replace, spelled out: it runs twice per request and replace() is ~3x slower
+        self.snapshots[i] = ReplicaSnapshot(
+            replica_id=s.replica_id, region=s.region, model=s.model, pool=s.pool, healthy=s.healthy,
+            num_running=s.num_running, num_waiting=s.num_waiting, kv_usage=s.kv_usage,
+            outstanding_tokens=h.outstanding_tokens, max_model_len=s.max_model_len, scraped_at_s=s.scraped_at_s)
 
     def mark_unhealthy(self, replica_id: str) -> None:
         """Passive health check: a connection failure marks the replica down before the next scrape."""

@@ -41,6 +41,9 @@ class TokenQueue:
         self.router = router
         self.max_waiting = max_waiting_per_replica
         self._heap: list[tuple[int, int, QueueEntry]] = []
+        # queued (accepted, neither removed nor dispatched) entries and tokens per priority class, kept as
+        # entries come and go so a snapshot does not walk the heap
+        self._by_pri: dict[int, list[int]] = {}
         self._seq = 0
         self.queued_tokens = 0
         self.in_flight_tokens = 0
@@ -68,13 +71,10 @@ class TokenQueue:
     def snapshot(self):
         from twin.policies.queueing import QueueSnapshot
 
-        by_pri: dict[int, int] = {}
-        for pri, _, e in self._heap:
-            if not e.removed:
-                by_pri[pri] = by_pri.get(pri, 0) + e.tokens
+        by_pri = tuple(sorted((pri, c[1]) for pri, c in self._by_pri.items() if c[0] > 0))
         return QueueSnapshot(now_s=self.env.now, queued_tokens=self.queued_tokens,
                              capacity_tokens=getattr(self.policy, "capacity_tokens", None),
-                             queued_by_priority=tuple(sorted(by_pri.items())),
+                             queued_by_priority=by_pri,
                              drain_tokens_per_s=self.drain_tokens_per_s(), in_flight_tokens=self.in_flight_tokens)
 
     def offer(self, entry: QueueEntry, item) -> object:
@@ -86,6 +86,7 @@ class TokenQueue:
         self._seq += 1
         entry.seq = self._seq
         heapq.heappush(self._heap, (entry.priority, entry.seq, entry))
+        self._count_in(entry, 1)
         self.queued_tokens += entry.tokens
         self.count += 1
         self.kick()
@@ -96,9 +97,17 @@ class TokenQueue:
         if entry.removed or entry.dispatched.triggered:
             return False
         entry.removed = True
+        self._count_in(entry, -1)
         self.queued_tokens -= entry.tokens
         self.count -= 1
         return True
+
+    def _count_in(self, entry: QueueEntry, sign: int) -> None:
+        c = self._by_pri.get(entry.priority)
+        if c is None:
+            c = self._by_pri[entry.priority] = [0, 0]
+        c[0] += sign
+        c[1] += sign * entry.tokens
 
     def kick(self) -> None:
         """Release entries, highest priority first, while their model has a replica with room."""
@@ -130,6 +139,7 @@ class TokenQueue:
                     blocked_models.add(key)
                     blocked.append(item)
                     continue
+                self._count_in(e, -1)
                 self.queued_tokens -= e.tokens
                 self.count -= 1
                 self.in_flight_tokens += e.tokens
