@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "validate": ("twin.commands.validate", "check scenario files without running them"),
     "replay": ("twin.commands.replay", "replay a recorded real-engine run on one simulated replica"),
     "drill": ("twin.commands.drill", "run an on-call drill (region loss) and print its timeline"),
+    "n-minus-1": ("twin.commands.nminus1", "N-1 planning check: the largest share of peak at which losing a region holds"),
     "record": ("twin.commands.record", "record real vLLM runs (CPU, dummy weights) as recorded-run folders"),
     "calibrate": ("twin.commands.calibrate", "fit an engine profile's step times from recorded real-engine runs"),
     "fidelity": ("twin.commands.fidelity", "the twin's error on recorded runs, item by item, with tolerances"),
