@@ -100,7 +100,7 @@ def test_capacity_page_recomputes_on_every_change():
 
 def test_whatif_page_runs_baseline_and_changed_scenario():
     at = _app()
-    at.switch_page("pages/whatif.py").run()
+    at.switch_page("views/whatif.py").run()
     _ok(at)
     assert any("Set the changes" in i.value for i in at.info)
     at.selectbox(key="wi_scenario").set_value("baseline-day")
@@ -129,7 +129,7 @@ def test_whatif_page_runs_baseline_and_changed_scenario():
 
 def test_drill_page_marks_the_region_loss():
     at = _app()
-    at.switch_page("pages/drill.py").run()
+    at.switch_page("views/drill.py").run()
     _ok(at)
     _small(at, "dr", duration_s=40)
     at.slider(key="dr_at").set_value(10)
@@ -149,7 +149,7 @@ def test_drill_page_marks_the_region_loss():
 
 def test_policy_page_runs_a_local_sweep_and_reads_it_back(tmp_path):
     at = _app()
-    at.switch_page("pages/policies.py").run()
+    at.switch_page("views/policies.py").run()
     _ok(at)
     _small(at, "pc", duration_s=5)
     at.multiselect(key="pc_routers").set_value(["round_robin", "least_outstanding_tokens"])
