@@ -261,9 +261,10 @@ class Engine:
             waiting = self.waiting
             while budget > 0 and len(waiting) > 0 and len(running) < cfg.max_num_seqs:
                 r = waiting.peek()
-                hits = kv.find_hit(r) if r.num_computed == 0 else []
+                pre = r.kv_preloaded if r.num_computed == 0 else 0
+                hits = kv.find_hit(r) if r.num_computed == 0 and not pre else []
                 h = len(hits) * cfg.block_size
-                n = r.seq.num_tokens - h
+                n = r.seq.num_tokens - h - pre
                 if t_long > 0 and n > t_long:
                     n = t_long
                 if not cfg.enable_chunked_prefill and n > budget:
@@ -271,18 +272,19 @@ class Engine:
                 if n > budget:
                     n = budget
                 wm = self.watermark_blocks if running else 0
-                if not kv.admit(r, n, hits, full_isl=cfg.scheduler_reserve_full_isl, watermark_blocks=wm):
+                # KV that arrived by transfer needs blocks like computed tokens but no compute budget
+                if not kv.admit(r, n + pre, hits, full_isl=cfg.scheduler_reserve_full_isl, watermark_blocks=wm):
                     break
                 waiting.pop()
                 running.append(r)
                 r.status = Status.RUNNING
-                if r.num_preemptions == 0 and cfg.enable_prefix_caching:
+                if r.num_preemptions == 0 and cfg.enable_prefix_caching and not pre:
                     self.prefix_cache_queries += r.seq.num_tokens
                     self.prefix_cache_hits += h
                 if r.first_scheduled_s is None:
                     r.first_scheduled_s = now_s
                     r.num_cached_tokens = h
-                r.num_computed = h + n
+                r.num_computed = h + n + pre
                 reqs.append(r)
                 ns.append(n)
                 slow.append(len(reqs) - 1)
@@ -334,6 +336,7 @@ class Engine:
     def _preempt(self, victim: EngineRequest, step: Step) -> None:
         self.kv.release(victim)
         victim.num_computed = 0
+        victim.kv_preloaded = 0  # transferred KV is gone with the blocks: recompute it
         victim.status = Status.PREEMPTED
         victim.num_preemptions += 1
         self.num_preemptions += 1

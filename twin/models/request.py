@@ -27,6 +27,7 @@ class EngineRequest:
         "priority", "num_computed", "num_output", "blocks", "num_cached_blocks", "status",
         "num_preemptions", "num_cached_tokens", "first_scheduled_s", "first_token_s", "last_token_s",
         "finish_s", "finished_reason", "token_times", "on_tokens", "on_finished", "tag", "watch_output", "group",
+        "kv_preloaded",
     )
 
     def __init__(
@@ -68,6 +69,7 @@ class EngineRequest:
         self.tag = tag
         self.group: str | None = None  # a label (e.g. tier) for per-group inter-token statistics
         self.watch_output: int | None = None  # a decode run stops when num_output reaches this (client hooks)
+        self.kv_preloaded = 0  # tokens whose KV arrives by transfer (disaggregated decode), not computed here
 
     @property
     def num_tokens(self) -> int:
