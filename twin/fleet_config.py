@@ -230,6 +230,14 @@ class CanarySection(_Model):
     policy: CanaryConfig
 
 
+class DisaggregationConfig(_Model):
+    """Split prefill and decode pools (DistServe): a model whose regions have pools named ``prefill`` and
+    ``decode`` prefills on the first, then hands the KV over after ``overhead + prompt KV bytes / bandwidth``."""
+
+    kv_transfer_bytes_per_s: PosFloat = 25e9  # ~200 Gb/s RDMA between the pools
+    transfer_overhead_s: NonNegFloat = 0.002
+
+
 class FleetSection(_Model):
     scale: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0  # scales node counts (rounded, >= 1) and traffic together
     topology: TopologyConfig
@@ -246,6 +254,7 @@ class FleetSection(_Model):
     autoscaling: AutoscalingSection | None = None
     alerts: list[AlertRule] = []
     canary: CanarySection | None = None
+    disaggregation: DisaggregationConfig = DisaggregationConfig()
     faults: list[FaultConfig] = []
     fault_rates: FaultRates = FaultRates()
     failover: FailoverConfig = FailoverConfig()

@@ -253,12 +253,20 @@ class Clients:
         return None
 
     def generate(self, turn: Turn, *, pieces, prompt_tokens: int, output_tokens: int, output_segment: int, gen: str,
-                 needs_tools: bool, output_offset: int = 0, record=None):
+                 needs_tools: bool, output_offset: int = 0, record=None, pool: str | None = None,
+                 model: str | None = None):
         w, env, ccfg, rng = self.w, self.env, self.cfg.client, self.rng
         spec = turn.session
-        model = self.model_for(turn, prompt_tokens + output_tokens, needs_tools)
+        if model is None:
+            model = self.model_for(turn, prompt_tokens + output_tokens, needs_tools)
         if model is None:
             return Outcome("rejected", "no_capable_model")
+        if pool is None and model in w.disagg_models:
+            out = yield from self._disaggregated(turn, pieces=pieces, prompt_tokens=prompt_tokens,
+                                                 output_tokens=output_tokens, output_segment=output_segment, gen=gen,
+                                                 needs_tools=needs_tools, output_offset=output_offset, record=record,
+                                                 model=model)
+            return out
         if turn.version is not None and model in (self.cfg.canary.model, self.cfg.canary.canary_model):
             vc = self.cfg.canary.canary if turn.version == "canary" else self.cfg.canary.stable
             output_tokens = max(1, round(output_tokens * vc.output_scale))
@@ -291,7 +299,7 @@ class Clients:
             if rng.random() < ccfg.disconnect_share:
                 st.disconnect_at = int(rng.integers(1, output_tokens + 1))
         entry = QueueEntry(facts=facts, tokens=prompt_tokens + output_tokens, priority=0, arrival_s=env.now,
-                           dispatched=env.event(), allowed_regions=facts.allowed_regions)
+                           dispatched=env.event(), allowed_regions=facts.allowed_regions, pool=pool)
         entry.on_dispatch = lambda e, handle: self._submit(e, handle, seq, st, turn, output_tokens, record,
                                                            output_offset, max_tokens)
         from twin.policies.queueing import QueueItem
@@ -341,10 +349,15 @@ class Clients:
         return Outcome("completed", reason, output_tokens=st.req.num_output)
 
     def _submit(self, entry: QueueEntry, handle, seq: TokenSeq, st: Stream, turn: Turn, output_tokens: int, record,
-                output_offset: int, max_tokens: int) -> None:
+                output_offset: int, max_tokens: int, preloaded: tuple[int, float] | None = None) -> None:
         env = self.env
         req = EngineRequest(request_id=entry.facts.request_id, arrival_s=env.now, seq=seq, max_tokens=max_tokens,
                             target_output_tokens=output_tokens, tag=entry)
+        if preloaded is not None:  # disaggregated decode: the prompt's KV and the first token arrived
+            req.prompt_tokens, t_first = preloaded
+            req.kv_preloaded = req.prompt_tokens
+            req.num_output = 1
+            req.first_token_s = req.last_token_s = t_first
         req.group = turn.session.tenant.tier
         st.req = req
         st.handle = handle
@@ -418,3 +431,51 @@ class Clients:
         self.w.provider_turns += 1
         self.w.provider_tokens += max_tokens
         return Outcome("completed", "burst_provider", output_tokens=max_tokens)
+
+    # ---- disaggregated prefill and decode pools -------------------------------------------------------
+    def _disaggregated(self, turn: Turn, *, pieces, prompt_tokens: int, output_tokens: int, output_segment: int,
+                       gen: str, needs_tools: bool, output_offset: int, record, model: str):
+        """Prefill (and the first token) on the prefill pool, KV transfer, then decode on the decode pool."""
+        w, env = self.w, self.env
+        first = yield from self.generate(turn, pieces=pieces, prompt_tokens=prompt_tokens, output_tokens=1,
+                                         output_segment=output_segment, gen=f"{gen}p", needs_tools=needs_tools,
+                                         output_offset=output_offset, record=record, pool="prefill", model=model)
+        if first.kind != "completed" or output_tokens <= 1:
+            return first
+        t_first = env.now
+        dcfg = self.cfg.disaggregation
+        kv_bytes = w.model_info[model]["profile"].kv_bytes_per_token * prompt_tokens
+        transfer = dcfg.transfer_overhead_s + kv_bytes / dcfg.kv_transfer_bytes_per_s
+        yield env.timeout(transfer)
+        w.rec.event(env.now, "request.kv_transferred", "router", turn.turn_id, transfer)
+        spec = turn.session
+        allowed = tuple(spec.tenant.residency) if spec.tenant.residency else None
+        mcfg = self.cfg.models[model]
+        seq = TokenSeq(pieces, block_size=mcfg.engine.block_size, output_segment=output_segment,
+                       output_offset=output_offset)
+        seq.append_output(1)
+        facts = RequestFacts(request_id=f"{turn.turn_id}/{gen}d", tenant=spec.tenant.name, tier=spec.tenant.tier,
+                             session_id=spec.session_id, prompt_tokens=prompt_tokens,
+                             expected_output_tokens=output_tokens, block_hashes=(), model=model,
+                             region=turn.region or spec.region, allowed_regions=allowed,
+                             needs_long_context=turn.klass == "long_context")
+        cands = w.router.candidates(model, allowed, 0, "decode")
+        decision = w.router.route(facts, cands) if cands else None
+        if decision is None or decision.replica_id is None:
+            return Outcome("failed", "no_decode_replica", output_tokens=1)
+        w.router.sent(facts, decision.replica_id)
+        handle = w.router.by_id[decision.replica_id]
+        st = Stream(env)
+        st.first.succeed()
+        entry = QueueEntry(facts=facts, tokens=prompt_tokens + output_tokens, priority=0, arrival_s=env.now,
+                           dispatched=env.event(), allowed_regions=allowed, pool="decode", replica_id=decision.replica_id)
+        max_tokens = output_tokens if w.output_cap is None else min(output_tokens, w.output_cap)
+        self._submit(entry, handle, seq, st, turn, output_tokens, record, output_offset, max(max_tokens, 2),
+                     preloaded=(prompt_tokens, t_first))
+        yield st.done
+        reason = st.req.finished_reason
+        if st.cancelled:
+            return Outcome("cancelled", st.cancel_reason, output_tokens=st.req.num_output)
+        if reason in ("abort", "crashed"):
+            return Outcome("failed", "replica_failed", output_tokens=0)
+        return Outcome("completed", reason, output_tokens=st.req.num_output)

@@ -71,6 +71,10 @@ class FleetWorld:
                         self.placements.add((pool.model, region.name))
         self.handles = handles
         self.gpus = sum(self.model_info[h.model]["tp"] for h in handles)
+        pools_of: dict[str, set[str]] = {}
+        for h in handles:
+            pools_of.setdefault(h.model, set()).add(h.pool)
+        self.disagg_models = {m for m, ps in pools_of.items() if {"prefill", "decode"} <= ps}
         self.router = Router(env, replicas=handles, policy_config=fc.policy.router,
                              seed=_seed_for(seed, replication, "policy.router"),
                              scrape_interval_s=fc.topology.scrape_interval_s, recorder=self.rec)

@@ -82,16 +82,17 @@ class Router:
             h.pending_since_scrape = 0
         self.snapshots = snaps
 
-    def candidates(self, model: str, allowed_regions: Sequence[str] | None, max_waiting: int) -> list[ReplicaSnapshot]:
-        """Snapshots of replicas of ``model`` (inside ``allowed_regions``) that have room for one more.
-
-        Room: scraped waiting + requests routed there since the scrape < ``max_waiting`` (0 = no limit).
+    def candidates(self, model: str, allowed_regions: Sequence[str] | None, max_waiting: int,
+                   pool: str | None = None) -> list[ReplicaSnapshot]:
+        """Snapshots of replicas of ``model`` (inside ``allowed_regions``, in ``pool`` if given) that have
+        room for one more. Room: scraped waiting + requests routed there since the scrape < ``max_waiting``
+        (0 = no limit).
         """
         out = []
         snaps, handles = self.snapshots, self.handles
         for i in self._by_model.get(model, ()):
             s = snaps[i]
-            if not s.healthy:
+            if not s.healthy or (pool is not None and s.pool != pool):
                 continue
             if allowed_regions is not None and s.region not in allowed_regions:
                 continue

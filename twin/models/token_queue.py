@@ -27,6 +27,7 @@ class QueueEntry:
     dispatched: simpy.Event
     seq: int = 0
     allowed_regions: tuple[str, ...] | None = None
+    pool: str | None = None  # restrict to one pool (the prefill pool of a disaggregated model)
     replica_id: str | None = None
     removed: bool = False
     on_dispatch: object = None  # callback(entry, handle) that submits the generation
@@ -123,13 +124,13 @@ class TokenQueue:
                 e = item[2]
                 if e.removed:
                     continue
-                key = (e.facts.model, e.allowed_regions, e.facts.needs_long_context)  # same candidate set
+                key = (e.facts.model, e.allowed_regions, e.facts.needs_long_context, e.pool)  # same candidate set
                 if key in blocked_models:
                     blocked.append(item)
                     if len(blocked) >= 64:  # the rest waits for the next kick; order is kept by the heap
                         break
                     continue
-                cands = self.router.candidates(e.facts.model, e.allowed_regions, self.max_waiting)
+                cands = self.router.candidates(e.facts.model, e.allowed_regions, self.max_waiting, e.pool)
                 if not cands:
                     blocked_models.add(key)
                     blocked.append(item)
