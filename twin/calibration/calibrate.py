@@ -1,7 +1,7 @@
 """Fit an engine profile (step-time coefficients + per-step overhead) from recorded real-engine runs.
 
     from twin.calibration.calibrate import calibrate
-    result = calibrate(["runs/cal/sweep-decode-batch", ...], name="cpu-tiny-llama")
+    result = calibrate(["runs/cal/sweep-decode-batch", ...], name="cpu-tiny-llama", command="twin calibrate ...")
     result.spec            # an EngineProfileSpec, ready for derive.write_spec
     result.refused         # runs left out, with the reason
 
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -274,7 +274,7 @@ class CalibrationResult:
 
 
 def calibrate(run_dirs: Sequence[str | Path], *, name: str, command: str, generated_on: str | None = None,
-              source_label=None) -> CalibrationResult:
+              source_label: Callable[[Path], str] | None = None) -> CalibrationResult:
     """Fit a profile named ``name`` from recorded runs (see the module doc). ``source_label(path) -> str`` names
     each run in the provenance (default: the path as given)."""
     if not run_dirs:

@@ -53,10 +53,11 @@ def run(args: argparse.Namespace) -> int:
     assert st is not None and fq is not None
     print(f"wrote {out} (profile {name!r}) from {len(result.used)} runs, {len(result.refused)} refused")
     print(f"  overhead_s        {st.overhead_s * 1e3:.3f} ms/step ({result.overhead_samples_s.size} samples)")
-    print(f"  decode  (n={fq.decode.num_samples:>5})  base {st.decode.base_s * 1e3:.3f} ms + {st.decode.per_request_s * 1e6:.2f} us/req"
-          f" + {st.decode.per_context_token_s * 1e9:.2f} ns/ctx tok; mean |rel err| {fq.decode.mean_abs_rel_error:.1%},"
-          f" max {fq.decode.max_abs_rel_error:.1%}")
-    print(f"  prefill (n={fq.prefill.num_samples:>5})  base {st.prefill.base_s * 1e3:.3f} ms + {st.prefill.per_token_s * 1e6:.2f} us/tok"
-          f" + {st.prefill.per_attention_pair_s * 1e9:.3f} ns/pair + {st.prefill.per_decode_context_token_s * 1e9:.2f} ns/ctx tok;"
+    d, pf = st.decode, st.prefill
+    print(f"  decode  (n={fq.decode.num_samples:>5})  base {d.base_s * 1e3:.3f} ms + {d.per_request_s * 1e6:.2f} us/req"
+          f" + {d.per_context_token_s * 1e9:.2f} ns/ctx tok;"
+          f" mean |rel err| {fq.decode.mean_abs_rel_error:.1%}, max {fq.decode.max_abs_rel_error:.1%}")
+    print(f"  prefill (n={fq.prefill.num_samples:>5})  base {pf.base_s * 1e3:.3f} ms + {pf.per_token_s * 1e6:.2f} us/tok"
+          f" + {pf.per_attention_pair_s * 1e9:.3f} ns/pair + {pf.per_decode_context_token_s * 1e9:.2f} ns/ctx tok;"
           f" mean |rel err| {fq.prefill.mean_abs_rel_error:.1%}, max {fq.prefill.max_abs_rel_error:.1%}")
     return 0
