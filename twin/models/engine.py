@@ -22,6 +22,7 @@ decoding, LoRA, encoder cache or KV connectors; stop strings are modelled as the
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections import deque
 from dataclasses import dataclass
 
@@ -116,6 +117,42 @@ class _Waiting:
         return list(self.dq) if self.fcfs else [e[3] for e in sorted(self.heap)]
 
 
+class GroupColumn:
+    """Group labels of the inter-token gaps, one small code per gap instead of a pointer (a fleet run
+    records hundreds of millions of gaps). Iterates, appends and extends like a list of labels."""
+
+    __slots__ = ("codes", "labels", "_index")
+
+    def __init__(self) -> None:
+        self.codes = array("H")
+        self.labels: list[str | None] = []
+        self._index: dict[str | None, int] = {}
+
+    def code(self, label: str | None) -> int:
+        c = self._index.get(label)
+        if c is None:
+            c = self._index[label] = len(self.labels)
+            self.labels.append(label)
+        return c
+
+    def append(self, label: str | None) -> None:
+        self.codes.append(self.code(label))
+
+    def extend(self, labels) -> None:
+        self.codes.extend([self.code(g) for g in labels])
+
+    def __len__(self) -> int:
+        return len(self.codes)
+
+    def __iter__(self):
+        return map(self.labels.__getitem__, self.codes)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self.labels[c] for c in self.codes[i]]
+        return self.labels[self.codes[i]]
+
+
 class Engine:
     """vLLM V1 scheduling + KV cache for one replica. Times are passed in; the engine has no clock."""
 
@@ -133,10 +170,11 @@ class Engine:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.num_steps = 0
-        # Inter-token gaps: (value_s, weight) pairs, one weight per token the value applies to.
-        self.itl_values: list[float] = []
-        self.itl_weights: list[int] = []
-        self.itl_groups: list[str | None] | None = [] if track_groups else None  # parallel to itl_values
+        # Inter-token gaps: (value_s, weight) pairs, one weight per token the value applies to. Typed arrays,
+        # not lists: 8 + 4 bytes a gap instead of 32 + 8 (same values, same order).
+        self.itl_values = array("d")
+        self.itl_weights = array("I")
+        self.itl_groups: GroupColumn | None = GroupColumn() if track_groups else None  # parallel to itl_values
 
     # ---- arrivals and cancellation -------------------------------------------------------------
     def add(self, r: EngineRequest) -> None:
@@ -502,7 +540,7 @@ class Engine:
             else:  # step-major, groups in first-seen order
                 itl_v.extend([gap for gap in gaps for _ in range(g)])
             itl_w.extend(list(counts.values()) * k)
-            itl_g.extend(list(counts) * k)
+            itl_g.codes.extend([itl_g.code(g) for g in counts] * k)
         if finished:
             self._retire(finished, last_s)
         return finished

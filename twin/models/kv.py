@@ -107,13 +107,19 @@ class BlockPool:
                 out.extend(range(fresh, fresh + k))
                 self.fresh = fresh + k
                 n -= k
-        if n:
-            tail = self.tail
+        if n:  # the LRU end of the cached-free blocks: evict as we go (_uncache inlined for the common case)
+            pop = self.tail.popitem
+            cached, dups = self.cached, self.dups
             for _ in range(n):
-                b, _ = tail.popitem(last=False)
+                b = pop(last=False)[0]
                 h = bhash[b]
-                if h is not None:  # evict
-                    self._uncache(b, h)
+                if h is not None:
+                    if h in dups:
+                        self._uncache(b, h)
+                    else:
+                        bhash[b] = None
+                        if cached.get(h) == b:
+                            del cached[h]
                 ref[b] = 1
                 out.append(b)
 
@@ -207,11 +213,10 @@ class BlockPool:
             self._cache_upto(req, full)
 
     def _cache_upto(self, req: EngineRequest, full: int) -> None:
+        start = req.num_cached_blocks
         hashes = req.seq.block_hashes(full)
-        blocks, bhash, cached = req.blocks, self.bhash, self.cached
-        for i in range(req.num_cached_blocks, full):
-            b = blocks[i]
-            h = hashes[i]
+        bhash, cached = self.bhash, self.cached
+        for b, h in zip(req.blocks[start:full], hashes[start:full]):
             bhash[b] = h
             if h in cached:
                 self.dups.setdefault(h, []).append(b)
@@ -225,7 +230,7 @@ class BlockPool:
         for b in reversed(req.blocks):
             r = ref[b] - 1
             ref[b] = r
-            if r == 0:
+            if not r:
                 if bhash[b] is None:
                     head[b] = None
                     head.move_to_end(b, last=False)
