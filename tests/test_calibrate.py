@@ -180,7 +180,7 @@ def test_profile_fitted_on_the_sweep_predicts_a_held_out_run(fitted: Path) -> No
         assert abs(err) <= HELD_OUT_TOLERANCE, (key, err)
 
 
-def test_shipped_cpu_tiny_llama_profile() -> None:
+def test_shipped_cpu_tiny_llama_profile(fitted: Path) -> None:
     prof = load_profile("cpu-tiny-llama")
     m = prof.model
     assert (m.hidden_size, m.intermediate_size, m.num_layers, m.num_attention_heads, m.num_kv_heads, m.head_dim,
@@ -190,6 +190,14 @@ def test_shipped_cpu_tiny_llama_profile() -> None:
         assert (REPO_ROOT / src / "run.json").is_file(), src
         assert "held-out" not in src
     assert prof.step_time_model().step_time_s(StepShape(decode_requests=1)) > 0
+    # the shipped coefficients are what calibrate gives on those committed recordings
+    assert [str(p.relative_to(REPO_ROOT)) for p in SWEEP] == prof.spec.provenance.sources
+    shipped, refit = prof.spec.step_time, load_profile(str(fitted)).spec.step_time
+    assert shipped is not None and refit is not None
+    for regime in ("decode", "prefill"):
+        for k, v in getattr(refit, regime).model_dump().items():
+            assert getattr(getattr(shipped, regime), k) == pytest.approx(v, rel=1e-9, abs=1e-15), (regime, k)
+    assert shipped.overhead_s == pytest.approx(refit.overhead_s, rel=1e-9)
 
 
 @pytest.mark.vllm
