@@ -24,11 +24,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _label(path: Path) -> str:
-    """A run folder as written in the provenance: relative to the current folder when it lies below it."""
-    try:
-        return str(path.resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return path.name
+    """A run folder as written in the provenance: relative to the repository, else to the current folder,
+    else its name (tracked files never hold absolute paths)."""
+    from twin.paths import REPO_ROOT
+
+    for base in (REPO_ROOT, Path.cwd()):
+        try:
+            return str(path.resolve().relative_to(base.resolve()))
+        except ValueError:
+            continue
+    return path.name
 
 
 def run(args: argparse.Namespace) -> int:
