@@ -49,6 +49,12 @@ def test_views_carry_run_hash_and_every_row(folder):
     con2 = results_db.connect(bad)
     assert con2.execute("SELECT count(*) FROM runs").fetchone()[0] == 3
     assert con2.execute(f"SELECT count(*) FROM requests WHERE run_hash = '{runs[0][0]}'").fetchone()[0] == 0
+    # only the runs the last sweep's index lists are read (a folder from an older spec is ignored)
+    index = json.loads((bad / "index.json").read_text())
+    assert sorted(r["run_hash"] for r in index["runs"]) == [h for h, _, _ in runs]
+    index["runs"] = [r for r in index["runs"] if r["run_hash"] != runs[1][0]]
+    (bad / "index.json").write_text(json.dumps(index))
+    assert results_db.connect(bad).execute("SELECT count(*) FROM runs").fetchone()[0] == 2
 
 
 def test_load_spread_matches_a_direct_computation(folder):

@@ -1,7 +1,8 @@
 """A sweep folder as a DuckDB database: views over its runs' Parquet files, and the summary across seeds.
 
 ``connect(dir)`` returns an in-memory DuckDB connection with these views over the complete runs in
-``<dir>/runs/<hash>/`` (a run whose manifest records an exception has no tables and is left out):
+``<dir>/runs/<hash>/`` that ``<dir>/index.json`` lists (the last sweep's runs; a folder left by an older
+spec or schema is not read). A run whose manifest records an exception has no tables and is left out:
 
 - ``runs``: every ``run.parquet`` row (scenario, policy, seed, run_hash, flattened summary metrics);
 - ``requests``, ``events``, ``levels``: the runs' tables with a ``run_hash`` column added;
@@ -38,10 +39,15 @@ METRICS: dict[str, tuple[str, bool]] = {
 
 
 def complete_runs(folder: Path) -> list[Path]:
-    """Run folders under ``folder/runs`` whose manifest has no exception, sorted by hash."""
+    """Run folders under ``folder/runs`` whose manifest has no exception, sorted by hash; only those listed
+    in ``folder/index.json`` (the spec's current runs, written by every sweep) when it exists."""
+    index = folder / "index.json"
+    wanted = None
+    if index.exists():
+        wanted = {r["run_hash"] for r in json.loads(index.read_text(encoding="utf-8"))["runs"]}
     out = []
     for d in sorted((folder / "runs").glob("*")):
-        if d.name.startswith(".") or not (d / "run.parquet").exists():
+        if d.name.startswith(".") or not (d / "run.parquet").exists() or (wanted is not None and d.name not in wanted):
             continue
         try:
             if json.loads((d / "manifest.json").read_text(encoding="utf-8")).get("exception") is None:
@@ -73,7 +79,7 @@ def connect(folder: str | Path):
                         "regexp_extract(filename, '([^/\\\\]+)[/\\\\][^/\\\\]+$', 1) AS run_hash "
                         f"FROM read_parquet({_sql_list(files)}, filename=true, union_by_name=true)")
     if not all((d / "replicas.parquet").exists() for d in runs):
-        raise FileNotFoundError(f"{folder}: a run has no replicas.parquet (written by twin sweep); rerun the sweep")
+        return con  # folders from before replicas.parquet: no replica_load / run_metrics (per_run says so)
     con.execute("""
         CREATE VIEW replica_load AS
         WITH routed AS (SELECT run_hash, scope, count(*) AS n FROM requests
@@ -123,6 +129,10 @@ def mean_ci(values: list[float]) -> tuple[float, float, float, int]:
 
 def per_run(con) -> list[dict[str, Any]]:
     """Every complete run's labels and compared metrics, ordered by scenario, policy, seed."""
+    names = {r[0] for r in con.execute("SELECT table_name FROM information_schema.tables").fetchall()}
+    if "run_metrics" not in names:
+        raise FileNotFoundError("a run has no replicas.parquet (twin sweep writes it): rerun the sweep into a "
+                                "fresh folder for the load spread")
     cur = con.execute("SELECT * FROM run_metrics ORDER BY scenario, policy, seed")
     names = [d[0] for d in cur.description]
     return [dict(zip(names, row)) for row in cur.fetchall()]

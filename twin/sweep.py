@@ -11,6 +11,7 @@ its Parquet tables, ``replicas.parquet`` (every replica, idle ones too), ``manif
 seed, hash and the flattened summary). Workers compute; the calling process writes, so a dask cluster
 needs no shared filesystem. A folder whose manifest has no exception is complete and is skipped on the
 next sweep; a failed run's folder holds only its manifest (with the exception) and is run again.
+``<out>/<name>/index.json`` lists the runs the spec expands to now; the query layer reads only those.
 The hash does not cover twin's code: rerun into a fresh folder after changing the model.
 """
 
@@ -256,6 +257,21 @@ def _relabel(run_dir: Path, task: RunTask) -> None:
 
 
 # ---- the sweep -------------------------------------------------------------------------------------
+INDEX = "index.json"
+
+
+def _write_index(folder: Path, spec: SweepSpec, tasks: list[RunTask]) -> None:
+    """``<folder>/index.json``: the spec and the run hashes it expands to now. The query layer reads only
+    these runs, so folders left by an older spec or an older schema (other hashes) drop out of views."""
+    folder.mkdir(parents=True, exist_ok=True)
+    doc = {"spec": spec.model_dump(mode="json"),
+           "runs": [{"run_hash": t.run_hash, "scenario_path": t.scenario_path, "policy": t.policy, "seed": t.seed}
+                    for t in tasks]}
+    tmp = folder / f".{INDEX}.tmp"
+    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(folder / INDEX)
+
+
 @dataclass
 class SweepReport:
     folder: Path
@@ -337,6 +353,7 @@ def run_sweep(spec: SweepSpec, *, tasks: Iterable[RunTask] | None = None, out: s
             _relabel(runs / task.run_hash, task)
         else:
             pending.append(task)
+    _write_index(folder, spec, todo)
     failed: list[str] = []
     close: Callable[[], Any] = lambda: None  # noqa: E731
     if executor is None and pending:

@@ -23,6 +23,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        import duckdb  # noqa: F401
+    except ImportError:
+        print("twin check: needs DuckDB: pip install 'twin[sweeps]'", file=sys.stderr)
+        return 2
     from twin.check import CheckSuite, compare, format_markdown, format_text, measure, write_baselines
     from twin.sweep import SpecError, load_spec
 

@@ -34,8 +34,11 @@ def _folder(arg: str | None) -> Path | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import duckdb
-
+    try:
+        import duckdb
+    except ImportError:
+        print("twin results: needs DuckDB: pip install 'twin[sweeps]'", file=sys.stderr)
+        return 2
     from twin import results_db
 
     folder = _folder(args.dir)
@@ -48,7 +51,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"twin results: {exc}", file=sys.stderr)
         return 2
     if args.action == "summary":
-        print(results_db.format_summary(results_db.summarize_runs(results_db.per_run(con))))
+        try:
+            rows = results_db.per_run(con)
+        except FileNotFoundError as exc:
+            print(f"twin results: {folder}: {exc}", file=sys.stderr)
+            return 2
+        print(results_db.format_summary(results_db.summarize_runs(rows)))
         return 0
     try:
         cur = con.execute(args.sql)

@@ -30,6 +30,12 @@ def run(args: argparse.Namespace) -> int:
     except SpecError as exc:
         print(f"twin sweep: {exc}", file=sys.stderr)
         return 2
+    if args.scheduler:
+        try:
+            import distributed  # noqa: F401
+        except ImportError:
+            print("twin sweep: --scheduler needs dask: pip install 'twin[distributed]'", file=sys.stderr)
+            return 2
     workers = args.workers if args.workers is not None else (os.cpu_count() or 1)
     report = run_sweep(spec, tasks=tasks, out=args.out, workers=workers, scheduler=args.scheduler,
                        progress=not args.quiet)
