@@ -166,7 +166,7 @@ def fig_drill_timeline(requests: Any, timeline: pd.DataFrame, *, metric: str = "
     fig.update_layout(title=f"{title} ({w:g} s windows)", xaxis_title="simulated time (s, by arrival)",
                       yaxis_title=f"{metric} (s)", barmode="overlay",
                       yaxis2={"title": "not completed", "overlaying": "y", "side": "right", "range": [0, 1],
-                              "tickformat": ".0%", "showgrid": False},
+                              "tickformat": ".0%", "dtick": 0.25, "showgrid": False},
                       legend={"orientation": "h", "y": -0.2}, height=460)
     return fig
 

@@ -7,9 +7,8 @@ Streamlit here, so the page code stays layout and this module is tested directly
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,9 +16,7 @@ from typing import Any
 import pyarrow as pa
 import yaml
 
-from dashboard.tables import run_metric_row
 from twin.paths import REPO_ROOT
-from twin.results import dumps, write_outputs
 from twin.scenario import Scenario, ScenarioError, load_scenario
 
 SCENARIO_DIR = REPO_ROOT / "scenarios"
@@ -157,56 +154,62 @@ def run(path: str | Path, overrides: Sequence[str], *, seed: int, label: str = "
                    summary=dict(res.summary), manifest=dict(res.manifest))
 
 
-# ------------------------------------------------------------------------------ local policy sweeps
+# ------------------------------------------------------------------------------------ policy sweeps
 
-_LABEL = re.compile(r"[^A-Za-z0-9_.-]+")
+class _ReportingExecutor(Executor):
+    """Runs each sweep task in this process as it is submitted and reports it; ``twin.sweep`` writes the
+    run folders and the index as usual."""
 
+    def __init__(self, total: int, progress: Callable[[int, int, str], None] | None) -> None:
+        self.total, self.done, self.progress = total, 0, progress
 
-def local_sweep(path: str | Path, *, routers: Sequence[str], seeds: Sequence[int], overrides: Sequence[str],
-                out: str | Path, progress: Callable[[int, int, str], None] | None = None) -> Path:
-    """Run ``path`` once per router × seed (same overrides otherwise, so every router sees the same
-    arrivals for a seed) and write each run's ``summary.json`` and ``manifest.json`` to
-    ``out/<scenario>/<router>/seed-<n>/``. ``progress(done, total, label)`` is called after each run.
-    Returns ``out``. A stand-in for ``twin sweep`` folders where only summaries are needed."""
-    out = Path(out)
-    jobs = [(r, s) for r in routers for s in seeds]
-    name = Path(path).stem
-    for i, (router, seed) in enumerate(jobs, 1):
-        view = run(path, [*overrides, f"fleet.policy.router={_flow({'kind': router})}"], seed=seed)
-        d = out / _LABEL.sub("_", name) / _LABEL.sub("_", router) / f"seed-{seed}"
-        files = {"manifest.json": dumps(view.manifest)}
-        if view.ok:
-            files["summary.json"] = dumps(view.summary)
-        write_outputs(d, tables={}, files=files)
-        if progress is not None:
-            progress(i, len(jobs), f"{router} seed {seed}")
-    return out
+    def submit(self, fn, /, *args, **kwargs):  # type: ignore[override]
+        fut: Future = Future()
+        try:
+            fut.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # noqa: BLE001 - delivered through the future, as an executor does
+            fut.set_exception(exc)
+        self.done += 1
+        if self.progress is not None:
+            task = args[0] if args else None
+            self.progress(self.done, self.total, f"{getattr(task, 'policy', '?')} seed {getattr(task, 'seed', '?')}")
+        return fut
 
 
-def summary_folder_rows(folder: str | Path) -> list[dict[str, Any]]:
-    """Rows (scenario, policy, seed, metrics) of every ``<scenario>/<policy>/seed-<n>/summary.json`` under
-    ``folder`` (the layout ``local_sweep`` writes)."""
-    rows = []
-    for f in sorted(Path(folder).glob("*/*/seed-*/summary.json")):
-        seed = int(f.parent.name.removeprefix("seed-"))
-        summary = json.loads(f.read_text(encoding="utf-8"))
-        rows.append(run_metric_row(summary, scenario=f.parent.parent.parent.name, policy=f.parent.parent.name,
-                                   seed=seed))
-    return rows
+def policy_sweep(path: str | Path, *, routers: Sequence[str], seeds: Sequence[int], overrides: Sequence[str],
+                 out: str | Path, name: str, progress: Callable[[int, int, str], None] | None = None) -> Path:
+    """``twin sweep`` of one scenario × ``routers`` × ``seeds`` (same overrides otherwise, so every router
+    sees the same arrivals for a seed), run in this process; ``progress(done, total, label)`` is called as
+    each run finishes. Runs land in ``out/name/runs/<hash>/`` (docs/sweeps.md); runs already complete
+    there are not run again (and not counted in ``total``). Returns the sweep folder."""
+    from twin.sweep import SweepSpec, expand, is_complete, run_sweep
+
+    spec = SweepSpec(name=name, scenarios=[str(path)], policies={r: {"kind": r} for r in routers},
+                     seeds=list(seeds), overrides=list(overrides), out=str(out))
+    folder = Path(out) / name
+    tasks = expand(spec)
+    pending = sum(not is_complete(folder / "runs" / t.run_hash) for t in tasks)
+    run_sweep(spec, tasks=tasks, executor=_ReportingExecutor(pending, progress), progress=False)
+    return folder
 
 
-def sweep_folder_rows(folder: str | Path) -> list[dict[str, Any]]:
-    """Per-run metric rows of a ``twin sweep`` folder through ``twin.results_db`` (needs duckdb and that
-    module); raises ImportError when either is missing, FileNotFoundError when the folder holds no runs."""
+# run.parquet column (a flattened summary, twin.sweep.flatten_summary) -> metric name, besides those of
+# twin.results_db's run_metrics view
+EXTRA_RUN_COLUMNS = {"slo_attainment": "slo_attainment", "fleet_usd_per_m_output_tokens": "usd_per_m_output_tokens"}
+
+
+def sweep_rows(folder: str | Path) -> list[dict[str, Any]]:
+    """One row per complete run of a ``twin sweep`` folder: labels (scenario, policy, seed, run_hash) and
+    the metrics of ``twin.results_db``'s ``run_metrics`` view, plus SLO attainment and $ per M output
+    tokens. Needs duckdb; FileNotFoundError when the folder holds no complete run."""
     from twin import results_db
 
-    return results_db.per_run(results_db.connect(folder))
-
-
-def rows_from_folder(folder: str | Path) -> tuple[list[dict[str, Any]], str]:
-    """Rows from a sweep folder (``runs/<hash>/run.parquet``, via ``twin.results_db``) or from a folder of
-    run summaries; the second item says which reader was used."""
-    folder = Path(folder)
-    if (folder / "runs").is_dir():
-        return sweep_folder_rows(folder), "twin sweep folder (twin.results_db)"
-    return summary_folder_rows(folder), "folder of run summaries"
+    con = results_db.connect(folder)
+    rows = {r["run_hash"]: dict(r) for r in results_db.per_run(con)}
+    have = {r[0] for r in con.execute("DESCRIBE runs").fetchall()}
+    cols = [c for c in EXTRA_RUN_COLUMNS if c in have]
+    if cols:
+        for run_hash, *values in con.execute(f"SELECT run_hash, {', '.join(cols)} FROM runs").fetchall():
+            if run_hash in rows:
+                rows[run_hash].update({EXTRA_RUN_COLUMNS[c]: v for c, v in zip(cols, values)})
+    return list(rows.values())

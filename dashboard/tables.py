@@ -152,16 +152,8 @@ def phases_table(report: dict) -> pd.DataFrame:
 
 # ------------------------------------------------------------------------------------------- sweeps
 
-# The per-run metrics compared across policies (names as twin.results_db's run_metrics where it has them).
-RUN_METRICS: dict[str, tuple[tuple[str, ...], bool]] = {
-    "ttft_p50_s": (("ttft_s", "p50"), False),
-    "ttft_p99_s": (("ttft_s", "p99"), False),
-    "itl_p99_s": (("itl_s", "p99"), False),
-    "prefix_cache_hit_rate": (("prefix_cache_hit_rate",), True),
-    "goodput_rps": (("goodput_rps",), True),
-    "slo_attainment": (("slo_attainment",), True),
-    "usd_per_m_output_tokens": (("fleet", "usd_per_m_output_tokens"), False),
-}
+# columns of a sweep row that label a run rather than measure it
+LABEL_COLUMNS = ("scenario", "policy", "seed", "run_hash", "replication", "router", "replicas")
 
 # two-sided 95% Student t quantiles t_{0.975, df}, df = 1..30
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
@@ -180,22 +172,13 @@ def mean_ci95(values: Iterable[float | None]) -> tuple[float, float, int]:
     return float(v.mean()), float(t * v.std(ddof=1) / math.sqrt(n)), n
 
 
-def run_metric_row(summary: dict, *, scenario: str, policy: str, seed: int) -> dict[str, Any]:
-    """One run's labels and compared metrics, read from its summary dict."""
-    row: dict[str, Any] = {"scenario": scenario, "policy": policy, "seed": seed}
-    for name, (path, _) in RUN_METRICS.items():
-        row[name] = summary_value(summary, path)
-    return row
-
-
 def ci_table(rows: Iterable[dict[str, Any]], metrics: Sequence[str] | None = None) -> pd.DataFrame:
     """Per scenario × policy × metric: mean, 95% CI half-width and n across the rows (one row per seed)."""
     df = pd.DataFrame(list(rows))
     cols = ["scenario", "policy", "metric", "mean", "ci95", "n"]
     if df.empty:
         return pd.DataFrame(columns=cols)
-    names = [m for m in (metrics or [c for c in df.columns if c not in ("scenario", "policy", "seed", "run_hash")])
-             if m in df.columns]
+    names = [m for m in (metrics or [c for c in df.columns if c not in LABEL_COLUMNS]) if m in df.columns]
     out = []
     for (scenario, policy), g in df.groupby(["scenario", "policy"], sort=True):
         for m in names:

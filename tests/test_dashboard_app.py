@@ -158,18 +158,20 @@ def test_policy_page_runs_a_local_sweep_and_reads_it_back(tmp_path):
     at.run()
     at.button(key="pc_run").click().run()
     _ok(at)
-    assert len(list(tmp_path.glob("*/*/*/seed-*/summary.json"))) == 4
+    assert len(list(tmp_path.glob("dashboard-baseline-day-*/runs/*/summary.json"))) == 4  # a twin sweep folder
     (fig,) = _figures(at)
     assert sorted(fig.data[0].x) == ["least_outstanding_tokens", "round_robin"]
     assert len(fig.data[0].error_y.array) == 2
     table = at.dataframe[0].value
     assert set(table["n"]) == {2} and set(table["metric"]) == {"ttft_p99_s"}
 
-    folder = next(tmp_path.glob("*"))
-    at.radio(key="pc_source").set_value("Read a folder").run()
+    folder = next(tmp_path.glob("dashboard-baseline-day-*"))
+    at.radio(key="pc_source").set_value("Read a sweep folder").run()
     at.text_input(key="pc_folder_in").set_value(str(folder)).run()
     at.button(key="pc_read").click().run()
     _ok(at)
+    assert set(at.selectbox(key="pc_metric").options) >= {"ttft_p99_s", "goodput_rps", "slo_attainment",
+                                                           "load_spread_cv"}
     at.selectbox(key="pc_metric").set_value("goodput_rps").run()
     _ok(at)
     assert _figures(at)[0].layout.title.text.startswith("goodput_rps")

@@ -178,9 +178,10 @@ def test_mean_ci95_matches_student_t():
 
 
 def test_ci_table_and_error_bar_figure():
-    rows = [tables.run_metric_row({"ttft_s": {"p99": v}, "goodput_rps": g}, scenario="s", policy=p, seed=i)
+    rows = [{"scenario": "s", "policy": p, "seed": i, "run_hash": f"h{i}", "ttft_p99_s": v, "goodput_rps": g}
             for i, (p, v, g) in enumerate([("rr", 1.0, 5.0), ("rr", 3.0, 5.0), ("lot", 0.5, 6.0)])]
-    ci = tables.ci_table(rows, metrics=["ttft_p99_s", "goodput_rps"])
+    ci = tables.ci_table(rows)
+    assert set(ci["metric"]) == {"ttft_p99_s", "goodput_rps"}  # labels are not metrics
     rr = ci[(ci["policy"] == "rr") & (ci["metric"] == "ttft_p99_s")].iloc[0]
     assert rr["mean"] == 2.0 and rr["n"] == 2 and rr["ci95"] == pytest.approx(12.706 * math.sqrt(2) / math.sqrt(2))
     fig = figures.fig_policy_ci(ci, "ttft_p99_s")
@@ -189,16 +190,6 @@ def test_ci_table_and_error_bar_figure():
     assert list(bar.error_y.array) == [0.0, pytest.approx(12.706)]  # n = 1: no interval, drawn as no bar
     assert _no_data(figures.fig_policy_ci(ci, "itl_p99_s"))
     assert tables.ci_table([]).empty
-
-
-def test_summary_folder_rows_read_local_sweep_layout(tmp_path):
-    for policy, seed, p99 in (("rr", 1, 0.4), ("rr", 2, 0.6)):
-        d = tmp_path / "baseline-day" / policy / f"seed-{seed}"
-        d.mkdir(parents=True)
-        (d / "summary.json").write_text(f'{{"ttft_s": {{"p99": {p99}}}}}', encoding="utf-8")
-    rows, reader = runs.rows_from_folder(tmp_path)
-    assert reader == "folder of run summaries"
-    assert [(r["policy"], r["seed"], r["ttft_p99_s"]) for r in rows] == [("rr", 1, 0.4), ("rr", 2, 0.6)]
 
 
 # ----------------------------------------------------------------------------------- what-if overrides
@@ -255,17 +246,26 @@ def test_fleet_scenarios_lists_only_fleet_scenarios():
     assert "single-replica-demo" not in found
 
 
-def test_rows_from_a_twin_sweep_folder(tmp_path):
+def test_policy_sweep_writes_a_twin_sweep_folder_and_reads_it_back(tmp_path):
     pytest.importorskip("duckdb")
-    sweep = pytest.importorskip("twin.sweep")
-    spec = sweep.SweepSpec(name="tiny", scenarios=[str(runs.SCENARIO_DIR / "baseline-day.yaml")],
-                           policies={"rr": {"kind": "round_robin"}, "lot": {"kind": "least_outstanding_tokens"}},
-                           seeds=2, overrides=runs.size_overrides(scale=0.001, duration_s=5))
-    sweep.run_sweep(spec, out=tmp_path, workers=0, progress=False)
-    rows, reader = runs.rows_from_folder(tmp_path / "tiny")
-    assert reader.startswith("twin sweep folder")
-    assert sorted((r["policy"], r["seed"]) for r in rows) == [("lot", 0), ("lot", 1), ("rr", 0), ("rr", 1)]
-    ci = tables.ci_table(rows, metrics=["ttft_p99_s", "goodput_rps"])
-    assert set(ci["n"]) == {2} and len(ci) == 4
-    assert all(math.isfinite(m) for m in ci["mean"])
+    seen = []
+    folder = runs.policy_sweep(runs.SCENARIO_DIR / "baseline-day.yaml", routers=["round_robin", "least_outstanding_tokens"],
+                               seeds=[1, 2], overrides=runs.size_overrides(scale=0.001, duration_s=5), out=tmp_path,
+                               name="tiny", progress=lambda i, n, what: seen.append((i, n, what)))
+    assert folder == tmp_path / "tiny" and len(list(folder.glob("runs/*/run.parquet"))) == 4
+    assert [(i, n) for i, n, _ in seen] == [(1, 4), (2, 4), (3, 4), (4, 4)]
+    assert sorted(w for _, _, w in seen) == ["least_outstanding_tokens seed 1", "least_outstanding_tokens seed 2",
+                                             "round_robin seed 1", "round_robin seed 2"]
+    rows = runs.sweep_rows(folder)
+    assert sorted((r["policy"], r["seed"]) for r in rows) == [("least_outstanding_tokens", 1), ("least_outstanding_tokens", 2),
+                                                               ("round_robin", 1), ("round_robin", 2)]
+    assert all(0.0 <= r["slo_attainment"] <= 1.0 and r["usd_per_m_output_tokens"] > 0 for r in rows)
+    ci = tables.ci_table(rows, metrics=["ttft_p99_s", "goodput_rps", "slo_attainment"])
+    assert set(ci["n"]) == {2} and len(ci) == 6 and all(math.isfinite(m) for m in ci["mean"])
     assert len(figures.fig_policy_ci(ci, "goodput_rps").data[0].x) == 2
+    again = []
+    runs.policy_sweep(runs.SCENARIO_DIR / "baseline-day.yaml", routers=["round_robin", "least_outstanding_tokens"],
+                      seeds=[1, 2, 3], overrides=runs.size_overrides(scale=0.001, duration_s=5), out=tmp_path,
+                      name="tiny", progress=lambda i, n, what: again.append((i, n, what)))
+    assert sorted(w for _, _, w in again) == ["least_outstanding_tokens seed 3", "round_robin seed 3"]  # only new runs
+    assert {n for _, n, _ in again} == {2} and len(runs.sweep_rows(folder)) == 6
