@@ -183,3 +183,23 @@ def test_dashboard_command_serves_the_app_on_loopback(capsys):
     assert cmd[1:4] == ["-m", "streamlit", "run"] and cmd[4] == APP
     assert cmd[cmd.index("--server.address") + 1] == "127.0.0.1" and cmd[cmd.index("--server.port") + 1] == "8765"
     assert cmd[cmd.index("--server.headless") + 1] == "true"
+
+
+def test_drill_page_loads_a_twin_drill_folder(tmp_path, capsys):
+    out = tmp_path / "drill"
+    assert main(["drill", "region-loss", "--region", "eu-west", "--at", "8", "--out", str(out),
+                 "--set", "fleet.scale=0.001", "--set", "fleet.traffic.duration_s=20"]) == 0
+    capsys.readouterr()
+    at = _app()
+    at.switch_page("views/drill.py").run()
+    at.radio(key="dr_source").set_value("Load a folder written by `twin drill --out`").run()
+    at.text_input(key="dr_folder").set_value(str(out)).run()
+    at.button(key="dr_load").click().run()
+    _ok(at)
+    assert "eu-west lost at t=8 s" in at.subheader[0].value
+    (fig,) = _figures(at)
+    marks = {a.text: s.x0 for s, a in zip(fig.layout.shapes, fig.layout.annotations)}
+    assert marks["region.lost"] == 8.0
+    at.text_input(key="dr_folder").set_value(str(tmp_path / "missing")).run()
+    at.button(key="dr_load").click().run()
+    assert any("cannot read" in e.value for e in at.error)
