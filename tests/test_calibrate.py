@@ -231,3 +231,19 @@ def test_record_calibrate_and_fidelity_end_to_end(tmp_path: Path) -> None:
     for item in run["items"].values():
         if item["kind"] == "tolerance":
             assert item["real"] > 0 and item["twin"] > 0 and item["rel_error"] is not None
+
+
+def test_shipped_cpu_small_llama_profile_is_the_fit_of_its_committed_recordings(tmp_path: Path) -> None:
+    prof = load_profile("cpu-small-llama")
+    m = prof.model
+    assert (m.hidden_size, m.intermediate_size, m.num_layers, m.num_attention_heads, m.num_kv_heads, m.head_dim,
+            m.vocab_size) == (512, 1408, 6, 8, 4, 64, 32000)
+    sources = [REPO_ROOT / s for s in prof.spec.provenance.sources]
+    assert sources and all("held-out" not in str(s) for s in sources)
+    refit = calibrate(sources, name="cpu-small-llama", command="test").spec.step_time
+    shipped = prof.spec.step_time
+    assert shipped is not None and refit is not None
+    for regime in ("decode", "prefill"):
+        for k, v in getattr(refit, regime).model_dump().items():
+            assert getattr(getattr(shipped, regime), k) == pytest.approx(v, rel=1e-9, abs=1e-15), (regime, k)
+    assert shipped.overhead_s == pytest.approx(refit.overhead_s, rel=1e-9)
