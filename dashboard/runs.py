@@ -43,8 +43,9 @@ class RunView:
 
 
 def _flow(value: Any) -> str:
-    """A YAML flow value for an ``a.b=value`` override."""
-    return yaml.safe_dump(value, default_flow_style=True, sort_keys=False).strip().removesuffix("...").strip()
+    """A YAML flow value for an ``a.b=value`` override, on one line however long."""
+    return yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=2**31 - 1
+                          ).strip().removesuffix("...").strip()
 
 
 def fleet_scenarios(folder: Path = SCENARIO_DIR) -> dict[str, Path]:

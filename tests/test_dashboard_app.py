@@ -113,6 +113,13 @@ def test_whatif_page_runs_baseline_and_changed_scenario():
     code = at.code[0].value
     assert "fleet.traffic.daily_users=" in code and "fleet.policy.router={kind: round_robin}" in code
     assert "kind: region_loss" in code
+    at.selectbox(key="wi_ladder_speculative_decoding").set_value("on").run()  # baseline-day has no ladder: one is added
+    assert "fleet.ladder={policy: {kind: threshold_ladder" in at.code[0].value
+    assert "{rung: speculative_decoding, at_s: 0.0, state: 'on'}" in at.code[0].value
+    at.radio(key="wi_ladder").set_value("off").run()
+    assert "fleet.ladder" not in at.code[0].value  # no ladder to remove
+    at.radio(key="wi_ladder").set_value("as the scenario has it").run()
+    at.selectbox(key="wi_ladder_speculative_decoding").set_value("auto").run()
     at.checkbox(key="wi_lose").uncheck().run()  # the drill page covers region losses; here the arrivals count
     assert "kind: region_loss" not in at.code[0].value
     at.button(key="wi_run").click().run()

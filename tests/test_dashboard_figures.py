@@ -206,6 +206,7 @@ def test_whatif_overrides_load_and_change_what_they_say():
                                surge={"start_s": 2.0, "ramp_s": 1.0, "hold_s": 5.0, "multiplier": 3.0},
                                keep_faults=False, region_loss={"region": "eu-west", "at_s": 4.0, "recover_at_s": None},
                                dns_failover_s=7.0)
+    assert all("\n" not in o for o in ov)  # one line each, as `twin run --set` takes them
     sc = load_scenario(LAUNCH, overrides=size + ov)
     assert sc.fleet.traffic.daily_users == 2 * sized.fleet.traffic.daily_users
     assert sc.fleet.policy.router.kind == "round_robin"
@@ -225,6 +226,7 @@ def test_ladder_flags_force_rungs_or_remove_the_ladder():
     assert sized.fleet.ladder is not None
     forced = load_scenario(LAUNCH, overrides=runs.whatif_overrides(sized, ladder={"shed": "off", "cap_output": "on",
                                                                                   "queue_eta": "auto"}))
+    assert "\n" not in runs.ladder_override(sized, flags={"shed": "off"})[0]
     assert [(o.rung, o.at_s, o.state) for o in forced.fleet.ladder.policy.overrides][-2:] == [
         ("shed", 0.0, "off"), ("cap_output", 0.0, "on")]
     assert forced.fleet.ladder.small_model == sized.fleet.ladder.small_model
