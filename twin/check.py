@@ -179,13 +179,14 @@ def compare(summary: list[dict[str, Any]], folder: Path, tol: Tolerance) -> tupl
     """Every metric of every scenario x policy against its baseline; notes on stale or missing baselines."""
     out: list[Comparison] = []
     notes: list[str] = []
+    stale: list[str] = []
     for e in summary:
         path = baseline_path(folder, e["scenario"], e["policy"])
         doc = json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
         if doc is None:
             notes.append(f"{e['scenario']} / {e['policy']}: no baseline (new policy or scenario; run --update)")
         elif doc.get("config_sha") != e["config_sha"]:
-            notes.append(f"{e['scenario']} / {e['policy']}: baseline made from a different effective config")
+            stale.append(f"{e['scenario']} / {e['policy']}")
         for m, (_, higher_better) in METRICS.items():
             cur = {"mean": e[m]["mean"], "std": e[m]["std"], "n": e["n"]}
             if doc is None:
@@ -196,6 +197,10 @@ def compare(summary: list[dict[str, Any]], folder: Path, tol: Tolerance) -> tupl
             status, worse, t = compare_metric(base, cur, higher_better=higher_better, k=tol.k,
                                               floor=tol.floor.get(m, 0.0))
             out.append(Comparison(e["scenario"], e["policy"], m, base, cur, t, worse, status))
+    if stale:
+        notes.append(f"{len(stale)} of {len(summary)} baselines were made from a different effective config (a "
+                     f"scenario, suite or schema change since the last --update; new fields with defaults count): "
+                     + (", ".join(stale) if len(stale) <= 4 else ", ".join(stale[:4]) + ", ..."))
     return out, notes
 
 
