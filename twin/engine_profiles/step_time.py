@@ -24,7 +24,7 @@ from twin.engine_profiles.step import StepShape
 class LinearStepTimeModel:
     """Implements ``twin.engine_profiles.step.StepTimeModel``."""
 
-    __slots__ = ("_d0", "_d_req", "_d_ctx", "_p0", "_p_tok", "_p_pair", "_p_ctx")
+    __slots__ = ("_d0", "_d_req", "_d_ctx", "_p0", "_p_tok", "_p_pair", "_p_ctx", "overhead_s")
 
     def __init__(
         self,
@@ -38,6 +38,7 @@ class LinearStepTimeModel:
         prefill_per_attention_pair_s: float,
         prefill_per_decode_context_token_s: float,
     ) -> None:
+        self.overhead_s = float(overhead_s)  # time outside model execution, included in every step
         self._d0 = float(overhead_s) + float(decode_base_s)
         self._d_req = float(decode_per_request_s)
         self._d_ctx = float(decode_per_context_token_s)
