@@ -175,3 +175,17 @@ def test_same_sweep_on_dask_gives_identical_runs(tmp_path):
         wall = {k for k in ra if k.endswith("wall_s")}
         assert {k: v for k, v in ra.items() if k not in wall} == {k: v for k, v in rb.items() if k not in wall}
         assert ra["requests_arrived"] > 0
+
+
+def test_the_documented_spec_expands():
+    """docs/sweeps.md's example spec validates, and each label gets its router and overrides."""
+    import re
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "sweeps.md").read_text()
+    spec = SweepSpec.model_validate(yaml.safe_load(re.search(r"```yaml\n(.*?)```", doc, re.S).group(1)))
+    tasks = expand(spec)
+    assert len(tasks) == 2 * 4 * 5
+    got = {(t.policy, t.config["fleet"]["policy"]["router"]["kind"]) for t in tasks}
+    assert ("scenario_router", "llm_d_scorer") in got and ("pa_tight", "prefix_affinity") in got
+    short = [t for t in tasks if t.policy == "pa_short_queue"]
+    assert short and all(t.config["fleet"]["queue"]["deadline_s"] == 10 for t in short)
