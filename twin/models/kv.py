@@ -10,11 +10,17 @@
   requests computing the same block at once) keep both copies; lookups return the earliest.
 - Prefix hits are capped at ``num_tokens - 1`` tokens (one token must be recomputed for logits).
 
-Hot-path code: plain lists and an OrderedDict, no per-block objects.
+Hot-path code: plain lists and typed arrays, no per-block objects. The tail of the free queue (cached
+blocks, LRU by release time) is an ``array`` of block ids read from a moving front with lazy deletion
+(4 bytes an entry instead of an OrderedDict node's ~100: a fleet holds hundreds of pools of ~87k blocks).
+
+Memory note: a pool whose blocks are all cached holds ``cached`` (hash -> block) and the hashes
+themselves; those dominate what is left (~11 MB for 87k blocks).
 """
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
@@ -24,8 +30,8 @@ if TYPE_CHECKING:
 
 class BlockPool:
     __slots__ = (
-        "num_blocks", "block_size", "caching", "ref", "bhash", "head", "tail", "fresh", "cached", "dups",
-        "max_model_len",
+        "num_blocks", "block_size", "caching", "ref", "bhash", "head", "fresh", "cached", "dups",
+        "max_model_len", "tail_ids", "tail_first", "tail_base", "tail_at", "tail_len",
     )
 
     def __init__(self, *, num_blocks: int, block_size: int, enable_prefix_caching: bool, max_model_len: int) -> None:
@@ -41,7 +47,13 @@ class BlockPool:
         # order (vLLM's initial order) without being materialised; freed unhashed blocks go to the head,
         # freed hashed blocks to the tail.
         self.head: OrderedDict[int, None] = OrderedDict()
-        self.tail: OrderedDict[int, None] = OrderedDict()
+        # The tail: tail_ids[tail_first:] in order, an entry valid iff tail_at[block] is its absolute position
+        # (tail_base + index); a block taken out of the middle (a prefix hit) just gets tail_at = -1.
+        self.tail_ids = array("i")
+        self.tail_first = 0
+        self.tail_base = 0
+        self.tail_at = array("q", [-1]) * num_blocks
+        self.tail_len = 0
         self.fresh = 1
         self.cached: dict[int, int] = {}  # hash -> earliest block holding it
         self.dups: dict[int, list[int]] = {}  # hash -> later duplicate blocks
@@ -53,7 +65,7 @@ class BlockPool:
 
     @property
     def num_free(self) -> int:
-        return len(self.head) + (self.num_blocks - self.fresh) + len(self.tail)
+        return len(self.head) + (self.num_blocks - self.fresh) + self.tail_len
 
     def usage(self) -> float:
         """``vllm:kv_cache_usage_perc``: blocks referenced by live requests (cached-free ones excluded)."""
@@ -61,13 +73,33 @@ class BlockPool:
 
     def free_order(self) -> list[int]:
         """The free queue, head first (for tests)."""
-        return [*self.head, *range(self.fresh, self.num_blocks), *self.tail]
+        return [*self.head, *range(self.fresh, self.num_blocks), *self._tail_order()]
+
+    def _tail_order(self) -> list[int]:
+        at, base, ids = self.tail_at, self.tail_base, self.tail_ids
+        return [b for i in range(self.tail_first, len(ids)) if at[(b := ids[i])] == base + i]
 
     def _remove_free(self, b: int) -> None:
-        if b in self.tail:
-            del self.tail[b]
+        if self.tail_at[b] >= 0:
+            self.tail_at[b] = -1
+            self.tail_len -= 1
+            self._maybe_compact()
         else:
             del self.head[b]
+
+    def _maybe_compact(self) -> None:
+        """Drop consumed and stale entries once they outnumber the valid ones (amortised O(1))."""
+        ids = self.tail_ids
+        if len(ids) - self.tail_len <= self.tail_len + 4096:  # consumed + stale entries vs valid ones
+            return
+        keep = self._tail_order()
+        self.tail_base += len(ids)  # fresh absolute positions: no old entry can match them
+        self.tail_ids = array("i", keep)
+        self.tail_first = 0
+        self.tail_len = len(keep)
+        at, base = self.tail_at, self.tail_base
+        for i, b in enumerate(keep):
+            at[b] = base + i
 
     # ---- lookup -------------------------------------------------------------------------------
     def find_hit(self, req: EngineRequest) -> list[int]:
@@ -108,10 +140,16 @@ class BlockPool:
                 self.fresh = fresh + k
                 n -= k
         if n:  # the LRU end of the cached-free blocks: evict as we go (_uncache inlined for the common case)
-            pop = self.tail.popitem
             cached, dups = self.cached, self.dups
+            ids, at, i, base = self.tail_ids, self.tail_at, self.tail_first, self.tail_base
+            self.tail_len -= n
             for _ in range(n):
-                b = pop(last=False)[0]
+                b = ids[i]
+                while at[b] != base + i:  # a stale entry
+                    i += 1
+                    b = ids[i]
+                at[b] = -1
+                i += 1
                 h = bhash[b]
                 if h is not None:
                     if h in dups:
@@ -122,6 +160,8 @@ class BlockPool:
                             del cached[h]
                 ref[b] = 1
                 out.append(b)
+            self.tail_first = i
+            self._maybe_compact()
 
     def _uncache(self, b: int, h: int) -> None:
         self.bhash[b] = None
@@ -226,7 +266,9 @@ class BlockPool:
 
     def release(self, req: EngineRequest) -> None:
         """Free a finished or preempted request's blocks, tail first."""
-        ref, bhash, head, tail = self.ref, self.bhash, self.head, self.tail
+        ref, bhash, head = self.ref, self.bhash, self.head
+        ids, at = self.tail_ids, self.tail_at
+        pos = start = self.tail_base + len(ids)
         for b in reversed(req.blocks):
             r = ref[b] - 1
             ref[b] = r
@@ -235,7 +277,10 @@ class BlockPool:
                     head[b] = None
                     head.move_to_end(b, last=False)
                 else:
-                    tail[b] = None
+                    at[b] = pos
+                    ids.append(b)
+                    pos += 1
+        self.tail_len += pos - start
         req.blocks = []
         req.num_cached_blocks = 0
 
