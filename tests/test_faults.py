@@ -84,3 +84,36 @@ def test_drill_prints_a_timeline(capsys):
                  "--set", "fleet.traffic.duration_s=40"]) == 0
     out = capsys.readouterr().out
     assert "region.lost" in out and "dns.failed_over" in out and "streams dropped" in out
+
+
+def test_node_loss_drops_both_replicas_of_the_node():
+    sc = load_scenario("scenarios/replica-crash.yaml", overrides=[
+        "fleet.traffic.duration_s=50",
+        "fleet.faults=[{kind: node_loss, at_s: 30, node: 'fleet.us-east.*', recover: false}]"])
+    res = run_scenario(sc)
+    check_invariants(res)
+    ev = _ev(res)
+    crashed = [s for k, s in zip(ev["kind"], ev["scope"]) if k == "replica.crashed"]
+    node = next(h.node for h in res.world.handles if h.region == "us-east")
+    assert sorted(crashed) == sorted(h.scope for h in res.world.handles if h.node == node)
+    assert len(crashed) == 2  # two TP=4 replicas on an 8-GPU node
+    # nothing is routed there afterwards
+    after = [s for k, t, s in zip(ev["kind"], ev["t_s"], ev["scope"]) if k == "generation.queued" and t > 31]
+    assert after and not any(s.startswith(node) for s in after)
+
+
+def test_slow_network_adds_latency_to_every_attempt_in_the_region():
+    base = ["fleet.traffic.duration_s=40", "fleet.faults=[]"]
+    slow = ["fleet.traffic.duration_s=40",
+            "fleet.faults=[{kind: slow_network, at_s: 0, region: eu-west, extra_latency_s: 0.5}]"]
+    a = run_scenario(load_scenario("scenarios/replica-crash.yaml", overrides=base))
+    b = run_scenario(load_scenario("scenarios/replica-crash.yaml", overrides=slow))
+    check_invariants(b)
+
+    def ttft_by_region(res, region):
+        req = res.tables["requests"].to_pydict()
+        v = [t for t, r, o in zip(req["ttft_s"], req["region"], req["outcome"]) if r == region and o == "completed"]
+        return float(np.median(v))
+
+    assert ttft_by_region(b, "eu-west") > ttft_by_region(a, "eu-west") + 0.45
+    assert abs(ttft_by_region(b, "ap-south") - ttft_by_region(a, "ap-south")) < 0.2
