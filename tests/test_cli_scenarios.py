@@ -105,9 +105,13 @@ def test_every_shipped_scenario_validates_and_runs_a_short_horizon(path, tmp_pat
     assert main(["validate", str(path)]) == 0
     out = tmp_path / "out"
     raw = yaml.safe_load(path.read_text())
-    short = (["--set", "fleet.traffic.duration_s=5", "--set", "fleet.scale=0.002"] if "fleet" in raw
-             else ["--set", "workload.num_requests=60"] if raw["workload"]["kind"] == "synthetic"
-             else ["--set", "workload.max_requests=60"])
+    if "fleet" in raw:
+        trace = raw["fleet"].get("traffic", {}).get("kind") == "trace_replay"
+        short = ["--set", "fleet.traffic.trace.max_requests=40" if trace else "fleet.traffic.duration_s=5",
+                 "--set", "fleet.scale=0.002"]
+    else:
+        short = (["--set", "workload.num_requests=60"] if raw["workload"]["kind"] == "synthetic"
+                 else ["--set", "workload.max_requests=60"])
     assert main(["run", str(path), "--out", str(out), "--quiet", "--set", "horizon_s=20", *short]) == 0
     assert (out / "summary.json").exists()
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from twin.engine_settings import EngineSettings
 from twin.failures.config import FailoverConfig, FaultConfig, FaultRates
+from twin.models.traces import TraceWorkload
 from twin.policies import RouterConfig
 from twin.policies.admission import AdmissionConfig
 from twin.policies.alerts import AlertRule
@@ -149,6 +150,28 @@ class PopulationTraffic(_Model):
     tool_exec_s: NonNegFloat = 0.5
 
 
+class TraceTraffic(_Model):
+    """Replay a public trace (``docs/traces.md``) through the whole request path: each request is a
+    one-turn session with the trace's prompt content and output length, assigned a tenant by share and a
+    region by the tenant's residency and the regions' shares."""
+
+    kind: Literal["trace_replay"]
+    trace: TraceWorkload
+    tenants: list[TenantConfig] = [TenantConfig(name="consumer", share=1.0, tier="free", system_prompt_tokens=0)]
+    surges: list[SurgeConfig] = []  # not used by trace replay (the trace carries its own rate); kept empty
+
+
+def _traffic_kind(v) -> str:
+    """``kind`` may be left out for the population model (the common case)."""
+    if isinstance(v, dict):
+        return v.get("kind", "population")
+    return getattr(v, "kind", "population")
+
+
+Traffic = Annotated[Annotated[PopulationTraffic, Tag("population")] | Annotated[TraceTraffic, Tag("trace_replay")],
+                    Discriminator(_traffic_kind)]
+
+
 # ---- request path ---------------------------------------------------------------------------------
 class ClientConfig(_Model):
     patience_s: PosFloat = 30.0  # abandon (and cancel) if no first token by then
@@ -242,7 +265,7 @@ class FleetSection(_Model):
     scale: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0  # scales node counts (rounded, >= 1) and traffic together
     topology: TopologyConfig
     models: dict[str, ModelTierConfig]
-    traffic: PopulationTraffic = PopulationTraffic()
+    traffic: Traffic = PopulationTraffic()
     client: ClientConfig = ClientConfig()
     gateway: GatewayConfig = GatewayConfig()
     conversation: ConversationConfig = ConversationConfig()

@@ -79,6 +79,12 @@ class Clients:
         env, tr = self.env, self.cfg.traffic
         if spec.start_s > env.now:
             yield env.timeout(spec.start_s - env.now)
+        if spec.trace is not None:  # a replayed trace request: its own prompt content and output length
+            r = spec.trace
+            turn = Turn(turn_id=f"{spec.session_id}-t0", session=spec, index=0, klass="chat", arrival_s=env.now,
+                        message_tokens=r.prompt_tokens, output_tokens=r.output_tokens)
+            yield from self.turn(turn)
+            return
         for k in range(spec.turns):
             klass = spec.klass if k == 0 or spec.klass in ("tool", "retrieval", "background") else "followup"
             if spec.klass == "long_context" and k == 0:
@@ -168,9 +174,12 @@ class Clients:
             if tr.retrieval_latency_s:
                 yield env.timeout(tr.retrieval_latency_s)
             extra.append((stable_hash(f"retrieved/{turn.turn_id}"), tr.retrieval_tokens))
-        pieces, prompt_tokens, _dropped = conv.assemble(session_id=spec.session_id, tenant=spec.tenant,
-                                                        message_seg=message_seg, message_tokens=turn.message_tokens,
-                                                        extra=extra)
+        if spec.trace is not None:
+            pieces, prompt_tokens = list(spec.trace.pieces), spec.trace.prompt_tokens
+        else:
+            pieces, prompt_tokens, _dropped = conv.assemble(session_id=spec.session_id, tenant=spec.tenant,
+                                                            message_seg=message_seg,
+                                                            message_tokens=turn.message_tokens, extra=extra)
         reason = None
         resume = record.persisted_tokens if record.persisted_tokens < turn.output_tokens else 0
         if resume:

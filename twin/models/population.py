@@ -28,6 +28,28 @@ class SessionSpec:
     region: str
     klass: str
     turns: int
+    trace: object = None  # a RequestSpec when the session replays one trace request
+
+
+def trace_sessions(traffic, topology: TopologyConfig, *, seed: int, replication: int) -> list[SessionSpec]:
+    """One single-turn session per trace request, with a tenant and a home region drawn per request."""
+    from twin.models.traces import trace_requests
+
+    specs = trace_requests(traffic.trace, seed=seed, replication=replication)
+    rng = stream(seed, replication, "workload.trace_sessions")
+    tenants = traffic.tenants
+    t_share = np.array([t.share for t in tenants], dtype=float)
+    t_share = t_share / t_share.sum()
+    out = []
+    for i, r in enumerate(specs):
+        tenant = tenants[int(rng.choice(len(tenants), p=t_share))]
+        allowed = [g for g in topology.regions if tenant.residency is None or g.name in tenant.residency]
+        w = np.array([g.share for g in allowed], dtype=float)
+        w = w / w.sum() if w.sum() > 0 else np.full(len(allowed), 1.0 / len(allowed))
+        region = allowed[int(rng.choice(len(allowed), p=w))].name
+        out.append(SessionSpec(session_id=f"s{i:07d}", user_id=f"u{i:07d}", start_s=r.arrival_s, tenant=tenant,
+                               region=region, klass="chat", turns=1, trace=r))
+    return out
 
 
 _KAPPA: dict[float, float] = {}
@@ -104,6 +126,8 @@ def draw_length(cfg: LengthConfig, rng: np.random.Generator) -> int:
 
 def sessions(traffic: PopulationTraffic, topology: TopologyConfig, *, seed: int, replication: int,
              scale: float = 1.0) -> list[SessionSpec]:
+    if traffic.kind == "trace_replay":
+        return trace_sessions(traffic, topology, seed=seed, replication=replication)
     rng = stream(seed, replication, "workload.sessions")
     mean_turns = traffic.turns_per_session
     # session rate = turn rate / turns per session; thinning against an upper bound of the rate
