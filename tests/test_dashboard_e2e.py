@@ -18,9 +18,14 @@ from pathlib import Path
 
 import pytest
 
+from twin.capacity import PRESETS, compute_capacity
+
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from dashboard.tables import planner_inputs  # noqa: E402  (the dashboard package lives at the repo root)
+
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -84,6 +89,10 @@ def test_capacity_slider_rerenders_the_charts(dashboard_url, tmp_path):
     if not CHROMIUM.exists():
         pytest.fail(f"{CHROMIUM} is missing: apt-get install -y chromium (Debian's package)")
     shot = Path(os.environ.get("TWIN_DASHBOARD_SCREENSHOT") or tmp_path / "dashboard-capacity.png")
+    # what the capacity model says for 50M daily users (seed-10m, exact arithmetic: the page's default)
+    expected = compute_capacity(planner_inputs(PRESETS["seed-10m"], daily_users=50_000_000, round_peak_rps_to=None,
+                                               round_peak_output_tokens_per_s_to=None,
+                                               round_generation_duration_s_to=None))
     with sync_api.sync_playwright() as p:
         ctx = p.chromium.launch_persistent_context(
             str(tmp_path / "chromium-profile"), executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS,
@@ -102,11 +111,14 @@ def test_capacity_slider_rerenders_the_charts(dashboard_url, tmp_path):
             users.focus()
             page.keyboard.press("ArrowRight")  # 10M -> 20M daily users
             page.keyboard.press("ArrowRight")  # -> 50M
-            sync_api.expect(page.locator('[data-testid="stMetric"]').filter(has_text="GPUs (with reserve)")
-                            .locator('[data-testid="stMetricValue"]')).not_to_have_text(gpus_before, timeout=30_000)
+            sync_api.expect(users).to_have_attribute("aria-valuetext", "50M", timeout=30_000)
+            # each key press reruns the app; wait for the figures of 50M users, not those of the first press
+            gpus_metric = page.locator('[data-testid="stMetric"]').filter(has_text="GPUs (with reserve)")
+            sync_api.expect(gpus_metric.locator('[data-testid="stMetricValue"]')).to_have_text(
+                f"{expected.gpus_with_reserve:,}", timeout=30_000)
             page.wait_for_function(
-                "old => JSON.stringify(Array.from(document.querySelector('.js-plotly-plot')._fullData[0].x)) !== old",
-                arg=str(bars_before).replace(" ", ""), timeout=30_000)
+                "want => { const x = document.querySelector('.js-plotly-plot')._fullData[0].x;"
+                " return x[x.length - 1] === want; }", arg=expected.replicas_with_reserve, timeout=30_000)
             gpus_after, bars_after = _gpus(page), _fleet_bars(page)
             page.wait_for_timeout(1000)  # let plotly finish drawing before the screenshot
             shot.parent.mkdir(parents=True, exist_ok=True)
@@ -116,4 +128,6 @@ def test_capacity_slider_rerenders_the_charts(dashboard_url, tmp_path):
     print(f"\ndashboard screenshot: {shot}")
     print(f"GPUs (with reserve): {gpus_before} -> {gpus_after}; fleet bars {bars_before} -> {bars_after}")
     assert int(gpus_after.replace(",", "")) > 4 * int(gpus_before.replace(",", ""))  # 5x the users
-    assert bars_after[-1] > 4 * bars_before[-1] and len(bars_after) == len(bars_before)
+    assert bars_after == [expected.replicas_at_saturation, expected.replicas, expected.replicas_by_concurrency,
+                          expected.replicas_with_prefill, expected.replicas_with_reserve]
+    assert bars_after[-1] > 4 * bars_before[-1]
