@@ -166,8 +166,10 @@ def write_baselines(folder: Path, summary: list[dict[str, Any]], suite: CheckSui
 
 
 def _clean(x: Any) -> Any:
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
+    """JSON-ready: NaN as null; floats to 12 significant digits, so that rewriting unchanged baselines
+    leaves the files unchanged (DuckDB's parallel sums may differ in the last bit)."""
+    if isinstance(x, float):
+        return float(f"{x:.12g}") if math.isfinite(x) else None
     if isinstance(x, dict):
         return {k: _clean(v) for k, v in x.items()}
     if isinstance(x, list):
