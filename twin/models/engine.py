@@ -21,12 +21,11 @@ decoding, LoRA, encoder cache or KV connectors; stop strings are modelled as the
 
 from __future__ import annotations
 
-import heapq
 from array import array
-from collections import deque
 from dataclasses import dataclass
 
 from twin.engine_profiles.step import StepShape, prefill_attention_work
+from twin.models.engine_parts import GroupColumn, Step, WaitingQueue
 from twin.models.kv import BlockPool
 from twin.models.request import EngineRequest, Status
 
@@ -55,104 +54,6 @@ class EngineConfig:
             raise ValueError("with chunked prefill off, max_num_batched_tokens must be >= max_model_len (as vLLM requires)")
 
 
-class Step:
-    """One scheduled step: who computes how many tokens, and the shape the step-time model reads."""
-
-    __slots__ = ("reqs", "ns", "shape", "ctx_requests", "ctx_tokens", "gen_requests", "gen_tokens",
-                 "preempted", "admitted", "uniform_decode", "kv_usage")
-
-    def __init__(self) -> None:
-        self.reqs: list[EngineRequest] = []
-        self.ns: list[int] = []
-        self.preempted: list[EngineRequest] = []
-        self.admitted: list[EngineRequest] = []
-
-
-class _Waiting:
-    """FCFS deque (preempted requests go back to the front) or a priority heap."""
-
-    __slots__ = ("fcfs", "dq", "heap", "count", "_n")
-
-    def __init__(self, fcfs: bool) -> None:
-        self.fcfs = fcfs
-        self.dq: deque[EngineRequest] = deque()
-        self.heap: list[tuple[int, float, int, EngineRequest]] = []
-        self.count = 0
-        self._n = 0
-
-    def __len__(self) -> int:
-        return self._n
-
-    def push(self, r: EngineRequest, *, front: bool = False) -> None:
-        self._n += 1
-        if self.fcfs:
-            (self.dq.appendleft if front else self.dq.append)(r)
-        else:
-            self.count += 1
-            heapq.heappush(self.heap, (r.priority, r.arrival_s, self.count, r))
-
-    def peek(self) -> EngineRequest:
-        return self.dq[0] if self.fcfs else self.heap[0][3]
-
-    def pop(self) -> EngineRequest:
-        self._n -= 1
-        return self.dq.popleft() if self.fcfs else heapq.heappop(self.heap)[3]
-
-    def remove(self, r: EngineRequest) -> bool:
-        if self.fcfs:
-            try:
-                self.dq.remove(r)
-            except ValueError:
-                return False
-        else:
-            idx = next((i for i, e in enumerate(self.heap) if e[3] is r), None)
-            if idx is None:
-                return False
-            self.heap.pop(idx)
-            heapq.heapify(self.heap)
-        self._n -= 1
-        return True
-
-    def items(self) -> list[EngineRequest]:
-        return list(self.dq) if self.fcfs else [e[3] for e in sorted(self.heap)]
-
-
-class GroupColumn:
-    """Group labels of the inter-token gaps, one small code per gap instead of a pointer (a fleet run
-    records hundreds of millions of gaps). Iterates, appends and extends like a list of labels."""
-
-    __slots__ = ("codes", "labels", "_index")
-
-    def __init__(self) -> None:
-        self.codes = array("H")
-        self.labels: list[str | None] = []
-        self._index: dict[str | None, int] = {}
-
-    def code(self, label: str | None) -> int:
-        c = self._index.get(label)
-        if c is None:
-            c = self._index[label] = len(self.labels)
-            self.labels.append(label)
-        return c
-
-    def append(self, label: str | None) -> None:
-        self.codes.append(self.code(label))
-
-    def extend(self, labels) -> None:
-        self.codes.extend([self.code(g) for g in labels])
-
-    def __len__(self) -> int:
-        return len(self.codes)
-
-    def __iter__(self):
-        return map(self.labels.__getitem__, self.codes)
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self.labels[c] for c in self.codes[i]]
-        return self.labels[self.codes[i]]
-
-
 class Engine:
     """vLLM V1 scheduling + KV cache for one replica. Times are passed in; the engine has no clock."""
 
@@ -161,7 +62,7 @@ class Engine:
         self.kv = BlockPool(num_blocks=config.num_gpu_blocks, block_size=config.block_size,
                             enable_prefix_caching=config.enable_prefix_caching, max_model_len=config.max_model_len)
         self.running: list[EngineRequest] = []
-        self.waiting = _Waiting(config.policy == "fcfs")
+        self.waiting = WaitingQueue(config.policy == "fcfs")
         self.watermark_blocks = int(config.watermark * self.kv.num_usable)
         # Counters, named as vLLM exports them (without the ``vllm:`` prefix).
         self.prefix_cache_queries = 0
