@@ -23,7 +23,7 @@ def _itl_by_group(engines) -> dict[str | None, tuple[np.ndarray, np.ndarray]]:
         g = e.itl_groups
         if g is None or len(g) == 0:
             codes, labels = np.zeros(v.size, dtype=np.int64), [None]
-        elif hasattr(g, "codes"):  # twin.models.engine.GroupColumn
+        elif hasattr(g, "codes"):  # twin.models.engine_parts.GroupColumn
             codes, labels = np.asarray(g.codes, dtype=np.int64), g.labels
         else:
             labels = list(dict.fromkeys(g))
