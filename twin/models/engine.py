@@ -441,7 +441,8 @@ class Engine:
             else:  # step-major, groups in first-seen order
                 itl_v.extend([gap for gap in gaps for _ in range(g)])
             itl_w.extend(list(counts.values()) * k)
-            itl_g.codes.extend([itl_g.code(g) for g in counts] * k)
+            codes = [itl_g.code(g) for g in counts]
+            itl_g.codes.extend(codes * k)
         if finished:
             self._retire(finished, last_s)
         return finished

@@ -92,13 +92,17 @@ class GroupColumn:
         if c is None:
             c = self._index[label] = len(self.labels)
             self.labels.append(label)
+            if c == 65536 and self.codes.typecode == "H":  # more labels than 2-byte codes hold
+                self.codes = array("I", self.codes)
         return c
 
     def append(self, label: str | None) -> None:
-        self.codes.append(self.code(label))
+        c = self.code(label)  # first: a new label may widen the codes array
+        self.codes.append(c)
 
     def extend(self, labels) -> None:
-        self.codes.extend([self.code(g) for g in labels])
+        codes = [self.code(g) for g in labels]
+        self.codes.extend(codes)
 
     def __len__(self) -> int:
         return len(self.codes)
