@@ -132,20 +132,12 @@ class Engine:
                 # only when this token fills one. Same result as kv.allocate, without the general case.
                 c1 = c + 1
                 if c % bs == 0 or len(r.blocks) * bs < c1:
-                    if not kv.allocate(r, 1):
-                        n = 1  # fall through to the general path, which preempts
-                    else:
-                        reqs.append(r)
-                        ns.append(1)
-                        r.num_computed = c1
-                        budget -= 1
-                        i += 1
-                        n_fast += 1
-                        d_ctx += c1
-                        continue
+                    ok = kv.allocate(r, 1)  # False: fall through to the general path, which preempts
                 else:
+                    ok = True
                     if caching and c1 % bs == 0:
                         kv._cache(r, c1)
+                if ok:
                     reqs.append(r)
                     ns.append(1)
                     r.num_computed = c1
