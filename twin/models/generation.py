@@ -1,0 +1,309 @@
+"""One generation on the fleet: model choice (tier routing, capability, residency, canary), the token-aware
+queue, the router and a replica, the client's view of the stream, and the two alternative paths — split
+prefill/decode pools and bursting to an external API provider."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import simpy
+
+from twin.models.request import EngineRequest
+from twin.models.token_queue import QueueEntry
+from twin.models.tokens import TokenSeq
+from twin.policies import RequestFacts
+
+if TYPE_CHECKING:
+    from twin.models.client import Turn
+
+
+@dataclass(slots=True)
+class Outcome:
+    kind: str  # completed | rejected | cancelled | abandoned | failed
+    reason: str | None = None
+    retry_after_s: float | None = None
+    output_tokens: int = 0
+
+
+
+class Stream:
+    """The client's view of one generation's token stream."""
+
+    __slots__ = ("first", "done", "delivered", "cancel_at", "cancel_reason", "disconnect_at", "cancelled", "req",
+                 "handle")
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self.first = env.event()
+        self.done = env.event()
+        self.delivered = 0
+        self.cancel_at: int | None = None
+        self.cancel_reason = "user_cancelled"
+        self.disconnect_at: int | None = None
+        self.cancelled = False
+        self.req: EngineRequest | None = None
+        self.handle = None
+
+
+class Generations:
+    """The generation-level request path shared by every client session."""
+
+    def __init__(self, world, *, rng) -> None:
+        self.w = world
+        self.env = world.env
+        self.cfg = world.cfg
+        self.rng = rng
+
+    # ---- one generation --------------------------------------------------------------------------
+    def model_for(self, turn: Turn, total_tokens: int, needs_tools: bool) -> str | None:
+        """Tier routing with capability checks; never a model that cannot serve the request or its residency."""
+        cfg = self.cfg
+        order = []
+        if turn.session.tenant.tier == "free" and self.w.free_tier_model:
+            order.append(self.w.free_tier_model)
+        order.append(cfg.default_model)
+        allowed = turn.session.tenant.residency
+        c = cfg.canary
+        if c is not None and turn.klass in self.w.control.canary.params.task_classes:
+            if turn.version is None:  # a turn keeps its version across retries
+                turn.version = "canary" if self.rng.random() < self.w.canary_share else "stable"
+            if turn.version == "canary":
+                order = [c.canary_model if n == c.model else n for n in order]
+        for name in order:
+            m = cfg.models[name]
+            cap = m.max_context_tokens or m.engine.max_model_len
+            if total_tokens > cap or (needs_tools and not m.supports_tools):
+                continue
+            if not any(w_model == name and (allowed is None or region in allowed)
+                       for (w_model, region) in self.w.placements):
+                continue
+            return name
+        return None
+
+    def generate(self, turn: Turn, *, pieces, prompt_tokens: int, output_tokens: int, output_segment: int, gen: str,
+                 needs_tools: bool, output_offset: int = 0, record=None, pool: str | None = None,
+                 model: str | None = None):
+        w, env, ccfg, rng = self.w, self.env, self.cfg.client, self.rng
+        spec = turn.session
+        if model is None:
+            model = self.model_for(turn, prompt_tokens + output_tokens, needs_tools)
+        if model is None:
+            return Outcome("rejected", "no_capable_model")
+        if pool is None and model in w.disagg_models:
+            out = yield from self._disaggregated(turn, pieces=pieces, prompt_tokens=prompt_tokens,
+                                                 output_tokens=output_tokens, output_segment=output_segment, gen=gen,
+                                                 needs_tools=needs_tools, output_offset=output_offset, record=record,
+                                                 model=model)
+            return out
+        if turn.version is not None and model in (self.cfg.canary.model, self.cfg.canary.canary_model):
+            vc = self.cfg.canary.canary if turn.version == "canary" else self.cfg.canary.stable
+            output_tokens = max(1, round(output_tokens * vc.output_scale))
+            if vc.error_rate and self.rng.random() < vc.error_rate:
+                return Outcome("failed", "model_error")
+            if turn.version == "canary":
+                w.canary_turns += 1
+        max_tokens = output_tokens if w.output_cap is None else min(output_tokens, w.output_cap)
+        if w.burst_share > 0 and self.rng.random() < w.burst_share and self._provider_ok():
+            out = yield from self._burst(turn, max_tokens)
+            return out
+        mcfg = self.cfg.models[model]
+        gen_id = f"{turn.turn_id}/{gen}"
+        seq = TokenSeq(pieces, block_size=mcfg.engine.block_size, output_segment=output_segment,
+                       output_offset=output_offset)
+        n_hash = prompt_tokens // mcfg.engine.block_size
+        facts = RequestFacts(request_id=gen_id, tenant=spec.tenant.name, tier=spec.tenant.tier,
+                             session_id=spec.session_id, prompt_tokens=prompt_tokens,
+                             expected_output_tokens=output_tokens, block_hashes=tuple(seq.block_hashes(n_hash)),
+                             model=model, region=turn.region or spec.region,
+                             allowed_regions=tuple(spec.tenant.residency) if spec.tenant.residency else None,
+                             needs_long_context=turn.klass == "long_context")
+        st = Stream(env)
+        if turn.klass not in ("background",):
+            if rng.random() < ccfg.cancel_share:
+                st.cancel_at = int(rng.integers(1, output_tokens + 1))
+            elif rng.random() < w.conversation.cfg.moderation_cut_share:
+                st.cancel_at = int(rng.integers(1, output_tokens + 1))
+                st.cancel_reason = "moderation_cut"
+            if rng.random() < ccfg.disconnect_share:
+                st.disconnect_at = int(rng.integers(1, output_tokens + 1))
+        entry = QueueEntry(facts=facts, tokens=prompt_tokens + output_tokens, priority=0, arrival_s=env.now,
+                           dispatched=env.event(), allowed_regions=facts.allowed_regions, pool=pool)
+        entry.on_dispatch = lambda e, handle: self._submit(e, handle, seq, st, turn, output_tokens, record,
+                                                           output_offset, max_tokens)
+        from twin.policies.queueing import QueueItem
+
+        deadline = None if w.queue_eta_mode else self.cfg.queue.deadline_s
+        item = QueueItem(request_id=gen_id, tier=spec.tenant.tier, tenant=spec.tenant.name,
+                         prompt_tokens=prompt_tokens, expected_output_tokens=output_tokens,
+                         deadline_s=None if deadline is None else env.now + deadline, arrival_s=env.now)
+        decision = w.queue.offer(entry, item)
+        if not decision.accept:
+            return Outcome("rejected", decision.reason, getattr(decision, "retry_after_s", None))
+        w.rec.event(env.now, "request.queued", "queue", turn.turn_id, float(decision.eta_s), gen)
+        patience = None if turn.klass == "background" else ccfg.patience_s
+        if w.queue_eta_mode and patience is not None and decision.eta_s > patience and not entry.dispatched.triggered:
+            w.queue.remove(entry)  # told an honest ETA longer than they will wait, users leave at once
+            return Outcome("abandoned", "eta_too_long")
+        t0 = env.now
+        if not entry.dispatched.triggered:
+            limits = [x for x in (patience, deadline) if x is not None]
+            if limits:
+                yield entry.dispatched | env.timeout(min(limits))
+            else:
+                yield entry.dispatched
+            if not entry.dispatched.triggered:
+                w.queue.remove(entry)
+                if patience is not None and (deadline is None or patience <= deadline):
+                    return Outcome("abandoned", "no_first_token")
+                return Outcome("rejected", "deadline_exceeded")
+        w.rec.event(env.now, "request.dispatched", "router", turn.turn_id, None, entry.replica_id)
+        if not turn.first_token_seen and not st.first.triggered:
+            if patience is not None:
+                remaining = max(patience - (env.now - t0), 0.0)
+                yield st.first | env.timeout(remaining)
+                if not st.first.triggered:
+                    st.cancelled = True
+                    st.handle.replica.cancel(st.req, "abandoned")
+                    yield st.done
+                    return Outcome("abandoned", "no_first_token", output_tokens=st.delivered)
+            else:
+                yield st.first
+        yield st.done
+        reason = st.req.finished_reason
+        if st.cancelled:
+            return Outcome("cancelled", st.cancel_reason, output_tokens=st.delivered)
+        if reason in ("abort", "crashed"):
+            return Outcome("failed", "replica_failed", output_tokens=0)
+        return Outcome("completed", reason, output_tokens=st.req.num_output)
+
+    def _submit(self, entry: QueueEntry, handle, seq: TokenSeq, st: Stream, turn: Turn, output_tokens: int, record,
+                output_offset: int, max_tokens: int, preloaded: tuple[int, float] | None = None) -> None:
+        env = self.env
+        req = EngineRequest(request_id=entry.facts.request_id, arrival_s=env.now, seq=seq, max_tokens=max_tokens,
+                            target_output_tokens=output_tokens, tag=entry)
+        if preloaded is not None:  # disaggregated decode: the prompt's KV and the first token arrived
+            req.prompt_tokens, t_first = preloaded
+            req.kv_preloaded = req.prompt_tokens
+            req.num_output = 1
+            req.first_token_s = req.last_token_s = t_first
+        req.group = turn.session.tenant.tier
+        st.req = req
+        st.handle = handle
+        marks = [x for x in (st.cancel_at, st.disconnect_at) if x is not None]
+        req.watch_output = min(marks) if marks else None
+
+        conv = self.w.conversation
+
+        def on_tokens(r: EngineRequest, m: int, t: float) -> None:
+            st.delivered = r.num_output
+            if not st.first.triggered:
+                st.first.succeed()
+                if not turn.first_token_seen:
+                    turn.first_token_seen = True
+                    self.w.rec.event(t, "request.first_token", "client", turn.turn_id, float(r.num_cached_tokens or 0))
+                    self.w.ttft_log.append((t, t - turn.arrival_s))
+                    if turn.version is not None:
+                        self.w.turn_ttft[turn.turn_id] = t - turn.arrival_s
+            if st.disconnect_at is not None and r.num_output >= st.disconnect_at:
+                st.disconnect_at = None
+                self.w.rec.event(t, "stream.disconnected", "client", turn.turn_id, float(r.num_output))
+                env.process(self._reconnect(turn, st))
+            if st.cancel_at is not None and r.num_output >= st.cancel_at and not st.cancelled:
+                st.cancelled = True
+                handle.replica.cancel(r, st.cancel_reason)
+            marks = [x for x in (st.cancel_at if not st.cancelled else None, st.disconnect_at) if x is not None]
+            r.watch_output = min(marks) if marks else None
+
+        def on_finished(r: EngineRequest) -> None:
+            st.delivered = r.num_output
+            if record is not None:  # streamed batches persisted so far bound what a resume can recover
+                record.persisted_tokens = max(record.persisted_tokens, conv.persisted(output_offset + r.num_output))
+            self.w.router.done(entry.facts, handle.scope)
+            self.w.queue.drained(r.prompt_tokens + r.num_output)
+            self.w.gateway.completed(entry.facts.request_id, r.prompt_tokens + r.num_output)
+            if not st.done.triggered:
+                st.done.succeed()
+            self.w.queue.kick()
+
+        req.on_tokens = on_tokens
+        req.on_finished = on_finished
+        handle.replica.submit(req)
+
+    def _reconnect(self, turn: Turn, st: Stream):
+        """The browser reconnects and resumes from the last persisted token (retained events after it)."""
+        yield self.env.timeout(self.cfg.client.reconnect_delay_s)
+        persisted = self.w.conversation.persisted(st.req.num_output if st.req is not None else st.delivered)
+        self.w.rec.event(self.env.now, "stream.resumed", "client", turn.turn_id, float(persisted))
+
+    # ---- bursting to an external API provider ------------------------------------------------------
+    def _provider_ok(self) -> bool:
+        """The provider's rate limit (turns per second over the last second)."""
+        prov = self.cfg.autoscaling.provider
+        win = self.w._provider_window
+        now = self.env.now
+        while win and win[0] < now - 1.0:
+            win.pop(0)
+        return len(win) < prov.max_rps
+
+    def _burst(self, turn: Turn, max_tokens: int):
+        """Served by the external provider through the gateway: its own latency and token rate."""
+        prov = self.cfg.autoscaling.provider
+        self.w._provider_window.append(self.env.now)
+        self.w.rec.event(self.env.now, "request.dispatched", "provider", turn.turn_id, None, "provider")
+        yield self.env.timeout(prov.ttft_s)
+        if not turn.first_token_seen:
+            turn.first_token_seen = True
+            self.w.rec.event(self.env.now, "request.first_token", "client", turn.turn_id, 0.0)
+            self.w.ttft_log.append((self.env.now, self.env.now - turn.arrival_s))
+        yield self.env.timeout(max(max_tokens - 1, 0) / prov.tokens_per_s)
+        self.w.provider_turns += 1
+        self.w.provider_tokens += max_tokens
+        return Outcome("completed", "burst_provider", output_tokens=max_tokens)
+
+    # ---- disaggregated prefill and decode pools -------------------------------------------------------
+    def _disaggregated(self, turn: Turn, *, pieces, prompt_tokens: int, output_tokens: int, output_segment: int,
+                       gen: str, needs_tools: bool, output_offset: int, record, model: str):
+        """Prefill (and the first token) on the prefill pool, KV transfer, then decode on the decode pool."""
+        w, env = self.w, self.env
+        first = yield from self.generate(turn, pieces=pieces, prompt_tokens=prompt_tokens, output_tokens=1,
+                                         output_segment=output_segment, gen=f"{gen}p", needs_tools=needs_tools,
+                                         output_offset=output_offset, record=record, pool="prefill", model=model)
+        if first.kind != "completed" or output_tokens <= 1:
+            return first
+        t_first = env.now
+        dcfg = self.cfg.disaggregation
+        kv_bytes = w.model_info[model]["profile"].kv_bytes_per_token * prompt_tokens
+        transfer = dcfg.transfer_overhead_s + kv_bytes / dcfg.kv_transfer_bytes_per_s
+        yield env.timeout(transfer)
+        w.rec.event(env.now, "request.kv_transferred", "router", turn.turn_id, transfer)
+        spec = turn.session
+        allowed = tuple(spec.tenant.residency) if spec.tenant.residency else None
+        mcfg = self.cfg.models[model]
+        seq = TokenSeq(pieces, block_size=mcfg.engine.block_size, output_segment=output_segment,
+                       output_offset=output_offset)
+        seq.append_output(1)
+        facts = RequestFacts(request_id=f"{turn.turn_id}/{gen}d", tenant=spec.tenant.name, tier=spec.tenant.tier,
+                             session_id=spec.session_id, prompt_tokens=prompt_tokens,
+                             expected_output_tokens=output_tokens, block_hashes=(), model=model,
+                             region=turn.region or spec.region, allowed_regions=allowed,
+                             needs_long_context=turn.klass == "long_context")
+        cands = w.router.candidates(model, allowed, 0, "decode")
+        decision = w.router.route(facts, cands) if cands else None
+        if decision is None or decision.replica_id is None:
+            return Outcome("failed", "no_decode_replica", output_tokens=1)
+        w.router.sent(facts, decision.replica_id)
+        handle = w.router.by_id[decision.replica_id]
+        st = Stream(env)
+        st.first.succeed()
+        entry = QueueEntry(facts=facts, tokens=prompt_tokens + output_tokens, priority=0, arrival_s=env.now,
+                           dispatched=env.event(), allowed_regions=allowed, pool="decode", replica_id=decision.replica_id)
+        max_tokens = output_tokens if w.output_cap is None else min(output_tokens, w.output_cap)
+        self._submit(entry, handle, seq, st, turn, output_tokens, record, output_offset, max(max_tokens, 2),
+                     preloaded=(prompt_tokens, t_first))
+        yield st.done
+        reason = st.req.finished_reason
+        if st.cancelled:
+            return Outcome("cancelled", st.cancel_reason, output_tokens=st.req.num_output)
+        if reason in ("abort", "crashed"):
+            return Outcome("failed", "replica_failed", output_tokens=0)
+        return Outcome("completed", reason, output_tokens=st.req.num_output)
