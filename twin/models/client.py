@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
 from twin.models.generation import Generations, Outcome
 from twin.models.population import SessionSpec, draw_length
 from twin.rng import stable_hash, stream
