@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal, Protocol, Union, runtime_checkable
+from typing import ClassVar, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from twin.policies.family import MonotoneClock, PolicyBase, PolicyFamily, PolicyParams
 from twin.policies.prng import mix64, stable_hash_str
 from twin.policies.types import TIERS
 from twin.registry import Registry
@@ -105,29 +105,14 @@ class AdmissionPolicy(Protocol):
     def on_completed(self, request_id: str, actual_tokens: int, now_s: float) -> None: ...
 
 
-class AdmissionParams(BaseModel):
+class AdmissionParams(PolicyParams):
     """Base of every admission policy's params model: frozen, and a typo is an error."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    kind: str
 
-
-class BaseAdmission:
+class BaseAdmission(MonotoneClock, PolicyBase[AdmissionParams]):
     """Shared skeleton: params type check, the monotone clock guard and ``admit = check + commit``."""
 
     Params: ClassVar[type[AdmissionParams]]
-
-    def __init__(self, params: AdmissionParams, *, seed: int) -> None:
-        if not isinstance(params, self.Params):
-            raise TypeError(f"{type(self).__name__} needs {self.Params.__name__}, got {type(params).__name__}")
-        self.params = params
-        self.seed = seed
-        self._now_s = -math.inf
-
-    def _tick(self, now_s: float) -> None:
-        if now_s < self._now_s:
-            raise ValueError(f"{type(self).__name__}: time went back from {self._now_s} to {now_s}")
-        self._now_s = now_s
 
     def admit(self, req: AdmissionRequest, now_s: float) -> AdmissionDecision:
         decision = self.check(req, now_s)
@@ -500,38 +485,14 @@ class CompositeAdmission(BaseAdmission):
 
 
 # ---------------------------------------------------------------------------------------------- config
-def _check_kind(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        if "kind" not in value:
-            raise ValueError(f"an admission policy needs a 'kind' (known: {', '.join(ADMISSIONS.keys())})")
-        if value["kind"] not in ADMISSIONS:
-            raise ValueError(ADMISSIONS.unknown_message(str(value["kind"])))
-    return value
+ADMISSION_FAMILY: PolicyFamily[AdmissionParams, BaseAdmission] = PolicyFamily(
+    ADMISSIONS, AdmissionParams, title="AdmissionConfig", rebuild=[CompositeParams])
 
-
-_PARAMS: tuple[type[AdmissionParams], ...] = tuple(ADMISSIONS.get(k).Params for k in ADMISSIONS.keys())
-
-AdmissionConfig = Annotated[
-    Union[_PARAMS],  # type: ignore[valid-type]  # noqa: UP007  (built from the registry)
-    Field(discriminator="kind"),
-    BeforeValidator(_check_kind),
-]
+AdmissionConfig = ADMISSION_FAMILY.config_type
 """Embed as a field type in the scenario schema: ``admission: AdmissionConfig``."""
 
-CompositeParams.model_rebuild(_types_namespace={"AdmissionConfig": AdmissionConfig})
-
-ADMISSION_CONFIG: TypeAdapter[AdmissionParams] = TypeAdapter(AdmissionConfig,
-                                                             config=ConfigDict(title="AdmissionConfig"))
-
-
-def parse_admission_config(config: Mapping[str, Any] | AdmissionParams) -> AdmissionParams:
-    """Validate a ``{kind: <key>, ...params}`` mapping into its frozen params model."""
-    if isinstance(config, AdmissionParams):
-        return config
-    return ADMISSION_CONFIG.validate_python(config)
-
-
-def build_admission(config: Mapping[str, Any] | AdmissionParams, *, seed: int) -> BaseAdmission:
-    """A fresh admission policy from its config (``seed`` is passed on; no built-in policy is random)."""
-    params = parse_admission_config(config)
-    return ADMISSIONS.get(params.kind)(params, seed=seed)
+ADMISSION_CONFIG = ADMISSION_FAMILY.adapter
+parse_admission_config = ADMISSION_FAMILY.parse
+"""Validate a ``{kind: <key>, ...params}`` mapping into its frozen params model."""
+build_admission = ADMISSION_FAMILY.build
+"""A fresh admission policy from its config (``seed`` is passed on; no built-in policy is random)."""

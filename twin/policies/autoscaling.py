@@ -11,12 +11,12 @@ randomness. See ``docs/policies.md`` ("Autoscaling").
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import Field, model_validator
 
+from twin.policies.family import MonotoneClock, PolicyBase, PolicyFamily, PolicyParams
 from twin.registry import Registry
 
 
@@ -70,30 +70,18 @@ class ScalingDecision:
             raise ValueError(f"burst_share must be in [0, 1], got {self.burst_share}")
 
 
-class AutoscalerParams(BaseModel):
+class AutoscalerParams(PolicyParams):
     """Base of every autoscaler's params: frozen, and a typo is an error."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    kind: str
 
-
-class BaseAutoscaler:
-    """Shared skeleton: params type check and the monotone clock guard."""
+class BaseAutoscaler(MonotoneClock, PolicyBase[AutoscalerParams]):
+    """Shared skeleton: params type check, the monotone clock guard and the time of the last action."""
 
     Params: ClassVar[type[AutoscalerParams]]
 
     def __init__(self, params: AutoscalerParams, *, seed: int) -> None:
-        if not isinstance(params, self.Params):
-            raise TypeError(f"{type(self).__name__} needs {self.Params.__name__}, got {type(params).__name__}")
-        self.params = params
-        self.seed = seed
-        self._now_s = -math.inf
+        super().__init__(params, seed=seed)
         self._last_action_s = -math.inf
-
-    def _tick(self, now_s: float) -> None:
-        if now_s < self._now_s:
-            raise ValueError(f"{type(self).__name__}: time went back from {self._now_s} to {now_s}")
-        self._now_s = now_s
 
     def _cooled(self, now_s: float, cooldown_s: float) -> bool:
         return now_s - self._last_action_s >= cooldown_s
@@ -235,36 +223,14 @@ class GpuUtilizationAutoscaler(BaseAutoscaler):
 
 
 # ---------------------------------------------------------------------------------------------- config
-def _check_kind(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        if "kind" not in value:
-            raise ValueError(f"an autoscaler needs a 'kind' (known: {', '.join(AUTOSCALERS.keys())})")
-        if value["kind"] not in AUTOSCALERS:
-            raise ValueError(AUTOSCALERS.unknown_message(str(value["kind"])))
-    return value
+AUTOSCALER_FAMILY: PolicyFamily[AutoscalerParams, BaseAutoscaler] = PolicyFamily(
+    AUTOSCALERS, AutoscalerParams, title="AutoscalerConfig")
 
-
-_PARAMS: tuple[type[AutoscalerParams], ...] = tuple(AUTOSCALERS.get(k).Params for k in AUTOSCALERS.keys())
-
-AutoscalerConfig = Annotated[
-    Union[_PARAMS],  # type: ignore[valid-type]  # noqa: UP007  (built from the registry)
-    Field(discriminator="kind"),
-    BeforeValidator(_check_kind),
-]
+AutoscalerConfig = AUTOSCALER_FAMILY.config_type
 """Embed as a field type in the scenario schema: ``autoscaler: AutoscalerConfig``."""
 
-AUTOSCALER_CONFIG: TypeAdapter[AutoscalerParams] = TypeAdapter(AutoscalerConfig,
-                                                               config=ConfigDict(title="AutoscalerConfig"))
-
-
-def parse_autoscaler_config(config: Mapping[str, Any] | AutoscalerParams) -> AutoscalerParams:
-    """Validate a ``{kind: <key>, ...params}`` mapping into its frozen params model."""
-    if isinstance(config, AutoscalerParams):
-        return config
-    return AUTOSCALER_CONFIG.validate_python(config)
-
-
-def build_autoscaler(config: Mapping[str, Any] | AutoscalerParams, *, seed: int) -> BaseAutoscaler:
-    """A fresh autoscaler from its config (``seed`` is passed on; no built-in autoscaler is random)."""
-    params = parse_autoscaler_config(config)
-    return AUTOSCALERS.get(params.kind)(params, seed=seed)
+AUTOSCALER_CONFIG = AUTOSCALER_FAMILY.adapter
+parse_autoscaler_config = AUTOSCALER_FAMILY.parse
+"""Validate a ``{kind: <key>, ...params}`` mapping into its frozen params model."""
+build_autoscaler = AUTOSCALER_FAMILY.build
+"""A fresh autoscaler from its config (``seed`` is passed on; no built-in autoscaler is random)."""

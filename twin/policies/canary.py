@@ -10,12 +10,12 @@ no I/O, no randomness. See ``docs/policies.md`` ("Release canary") for the tests
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import Field, model_validator
 
+from twin.policies.family import MonotoneClock, PolicyBase, PolicyFamily, PolicyParams
 from twin.registry import Registry
 
 VERSIONS: tuple[str, ...] = ("stable", "canary")
@@ -113,11 +113,8 @@ def margin_test(diff: float, se: float, margin: float, level: float) -> tuple[st
 
 
 # ---------------------------------------------------------------------------------------------- params
-class CanaryParams(BaseModel):
+class CanaryParams(PolicyParams):
     """Base of every canary's params: frozen, and a typo is an error."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    kind: str
 
 
 class SequentialCanaryParams(CanaryParams):
@@ -143,22 +140,10 @@ class SequentialCanaryParams(CanaryParams):
         return self
 
 
-class BaseCanary:
+class BaseCanary(MonotoneClock, PolicyBase[CanaryParams]):
     """Shared skeleton: params type check and the monotone clock guard."""
 
     Params: ClassVar[type[CanaryParams]]
-
-    def __init__(self, params: CanaryParams, *, seed: int) -> None:
-        if not isinstance(params, self.Params):
-            raise TypeError(f"{type(self).__name__} needs {self.Params.__name__}, got {type(params).__name__}")
-        self.params = params
-        self.seed = seed
-        self._now_s = -math.inf
-
-    def _tick(self, now_s: float) -> None:
-        if now_s < self._now_s:
-            raise ValueError(f"{type(self).__name__}: time went back from {self._now_s} to {now_s}")
-        self._now_s = now_s
 
     def observe(self, obs: CanaryObservation) -> None:
         raise NotImplementedError
@@ -320,35 +305,14 @@ class SequentialCanary(BaseCanary):
 
 
 # ---------------------------------------------------------------------------------------------- config
-def _check_kind(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        if "kind" not in value:
-            raise ValueError(f"a release canary needs a 'kind' (known: {', '.join(CANARIES.keys())})")
-        if value["kind"] not in CANARIES:
-            raise ValueError(CANARIES.unknown_message(str(value["kind"])))
-    return value
+CANARY_FAMILY: PolicyFamily[CanaryParams, BaseCanary] = PolicyFamily(CANARIES, CanaryParams, title="CanaryConfig")
 
+CanaryConfig = CANARY_FAMILY.config_type
+"""Embed as a field type in the scenario schema: ``canary: CanaryConfig`` (one kind so far, so the
+adapter keeps the model's own title)."""
 
-_PARAMS: tuple[type[CanaryParams], ...] = tuple(CANARIES.get(k).Params for k in CANARIES.keys())
-
-CanaryConfig = Annotated[
-    Union[_PARAMS],  # type: ignore[valid-type]  # noqa: UP007  (built from the registry)
-    Field(discriminator="kind"),
-    BeforeValidator(_check_kind),
-]
-"""Embed as a field type in the scenario schema: ``canary: CanaryConfig``."""
-
-CANARY_CONFIG: TypeAdapter[CanaryParams] = TypeAdapter(CanaryConfig)  # one kind so far: no union to title
-
-
-def parse_canary_config(config: Mapping[str, Any] | CanaryParams) -> CanaryParams:
-    """Validate a ``{kind: <key>, ...params}`` mapping into its frozen params model."""
-    if isinstance(config, CanaryParams):
-        return config
-    return CANARY_CONFIG.validate_python(config)
-
-
-def build_canary(config: Mapping[str, Any] | CanaryParams, *, seed: int) -> BaseCanary:
-    """A fresh canary from its config (``seed`` is passed on; the built-in canary is not random)."""
-    params = parse_canary_config(config)
-    return CANARIES.get(params.kind)(params, seed=seed)
+CANARY_CONFIG = CANARY_FAMILY.adapter
+parse_canary_config = CANARY_FAMILY.parse
+"""Validate a ``{kind: <key>, ...params}`` mapping into its frozen params model."""
+build_canary = CANARY_FAMILY.build
+"""A fresh canary from its config (``seed`` is passed on; the built-in canary is not random)."""

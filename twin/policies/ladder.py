@@ -15,12 +15,13 @@ to another model, or a model that is down): it never breaks a capability or a re
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from twin.policies.family import MonotoneClock, PolicyBase, PolicyFamily, PolicyParams
 from twin.registry import Registry
 
 RUNGS: tuple[str, ...] = ("cap_output", "free_tier_small_model", "speculative_decoding", "queue_eta", "shed")
@@ -124,11 +125,9 @@ class LadderOverride(BaseModel):
     state: Literal["on", "off", "auto"]
 
 
-class BaseLadderParams(BaseModel):
+class BaseLadderParams(PolicyParams):
     """Base of every ladder's params: what the rungs do once on. Frozen, and a typo is an error."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    kind: str
     cap_output_tokens: int = Field(1024, ge=1, description="max output tokens while cap_output is on")
     spec_decode_speedup_low_batch: float = Field(2.0, ge=1.0, description="decode speedup at batch 1")
     spec_decode_speedup_high_batch: float = Field(1.1, ge=1.0, description="speedup at the knee and beyond")
@@ -150,22 +149,10 @@ def _default_triggers() -> dict[str, RungTrigger]:
 
 
 # ---------------------------------------------------------------------------------------------- policy
-class LadderPolicy:
+class LadderPolicy(MonotoneClock, PolicyBase[BaseLadderParams]):
     """Base of every ladder: ``evaluate`` plus the helpers the host calls to apply the rungs."""
 
     Params: ClassVar[type[BaseLadderParams]]
-
-    def __init__(self, params: BaseLadderParams, *, seed: int) -> None:
-        if not isinstance(params, self.Params):
-            raise TypeError(f"{type(self).__name__} needs {self.Params.__name__}, got {type(params).__name__}")
-        self.params = params
-        self.seed = seed
-        self._now_s = -math.inf
-
-    def _tick(self, now_s: float) -> None:
-        if now_s < self._now_s:
-            raise ValueError(f"{type(self).__name__}: time went back from {self._now_s} to {now_s}")
-        self._now_s = now_s
 
     def evaluate(self, signals: LadderSignals) -> LadderDecision:
         raise NotImplementedError
@@ -362,38 +349,17 @@ class ThresholdLadder(LadderPolicy):
 
 
 # ---------------------------------------------------------------------------------------------- config
-def _check_kind(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        if "kind" not in value:
-            raise ValueError(f"a degradation ladder needs a 'kind' (known: {', '.join(LADDERS.keys())})")
-        if value["kind"] not in LADDERS:
-            raise ValueError(LADDERS.unknown_message(str(value["kind"])))
-    return value
+LADDER_FAMILY: PolicyFamily[BaseLadderParams, LadderPolicy] = PolicyFamily(LADDERS, BaseLadderParams,
+                                                                          title="LadderConfig")
 
-
-_PARAMS: tuple[type[BaseLadderParams], ...] = tuple(LADDERS.get(k).Params for k in LADDERS.keys())
-
-LadderConfig = Annotated[
-    Union[_PARAMS],  # type: ignore[valid-type]  # noqa: UP007  (built from the registry)
-    Field(discriminator="kind"),
-    BeforeValidator(_check_kind),
-]
+LadderConfig = LADDER_FAMILY.config_type
 """Embed as a field type in the scenario schema: ``ladder: LadderConfig``."""
 
-LADDER_CONFIG: TypeAdapter[BaseLadderParams] = TypeAdapter(LadderConfig, config=ConfigDict(title="LadderConfig"))
-
-
-def parse_ladder_config(config: Mapping[str, Any] | BaseLadderParams) -> BaseLadderParams:
-    """Validate a ``{kind: <key>, ...params}`` mapping into its frozen params model."""
-    if isinstance(config, BaseLadderParams):
-        return config
-    return LADDER_CONFIG.validate_python(config)
-
-
-def build_ladder(config: Mapping[str, Any] | BaseLadderParams, *, seed: int) -> LadderPolicy:
-    """A fresh ladder from its config (``seed`` is passed on; no built-in ladder is random)."""
-    params = parse_ladder_config(config)
-    return LADDERS.get(params.kind)(params, seed=seed)
+LADDER_CONFIG = LADDER_FAMILY.adapter
+parse_ladder_config = LADDER_FAMILY.parse
+"""Validate a ``{kind: <key>, ...params}`` mapping into its frozen params model."""
+build_ladder = LADDER_FAMILY.build
+"""A fresh ladder from its config (``seed`` is passed on; no built-in ladder is random)."""
 
 
 # ---------------------------------------------------------------------------------------- model fallback

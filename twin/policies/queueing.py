@@ -9,12 +9,12 @@ item and snapshot always give the same decision. See ``docs/policies.md``.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal, Protocol, Union, runtime_checkable
+from typing import ClassVar, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, TypeAdapter, field_validator
+from pydantic import Field, field_validator
 
+from twin.policies.family import PolicyBase, PolicyFamily, PolicyParams
 from twin.policies.types import TIERS
 from twin.registry import Registry
 
@@ -115,22 +115,13 @@ class QueuePolicy(Protocol):
     def expired(self, item: QueueItem, now_s: float) -> bool: ...
 
 
-class QueueParams(BaseModel):
+class QueueParams(PolicyParams):
     """Base of every queue policy's params model: frozen, and a typo is an error."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    kind: str
 
-
-class BaseQueuePolicy:
+class BaseQueuePolicy(PolicyBase[QueueParams]):
     Params: ClassVar[type[QueueParams]]
     capacity_tokens: int | None = None
-
-    def __init__(self, params: QueueParams, *, seed: int) -> None:
-        if not isinstance(params, self.Params):
-            raise TypeError(f"{type(self).__name__} needs {self.Params.__name__}, got {type(params).__name__}")
-        self.params = params
-        self.seed = seed
 
     def decide(self, item: QueueItem, snapshot: QueueSnapshot) -> QueueDecision:
         raise NotImplementedError
@@ -226,35 +217,13 @@ class TokenAwareQueue(BaseQueuePolicy):
 
 
 # ---------------------------------------------------------------------------------------------- config
-def _check_kind(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        if "kind" not in value:
-            raise ValueError(f"a queue policy needs a 'kind' (known: {', '.join(QUEUES.keys())})")
-        if value["kind"] not in QUEUES:
-            raise ValueError(QUEUES.unknown_message(str(value["kind"])))
-    return value
+QUEUE_FAMILY: PolicyFamily[QueueParams, BaseQueuePolicy] = PolicyFamily(QUEUES, QueueParams, title="QueueConfig")
 
-
-_PARAMS: tuple[type[QueueParams], ...] = tuple(QUEUES.get(k).Params for k in QUEUES.keys())
-
-QueueConfig = Annotated[
-    Union[_PARAMS],  # type: ignore[valid-type]  # noqa: UP007  (built from the registry)
-    Field(discriminator="kind"),
-    BeforeValidator(_check_kind),
-]
+QueueConfig = QUEUE_FAMILY.config_type
 """Embed as a field type in the scenario schema: ``queue: QueueConfig``."""
 
-QUEUE_CONFIG: TypeAdapter[QueueParams] = TypeAdapter(QueueConfig, config=ConfigDict(title="QueueConfig"))
-
-
-def parse_queue_config(config: Mapping[str, Any] | QueueParams) -> QueueParams:
-    """Validate a ``{kind: <key>, ...params}`` mapping into its frozen params model."""
-    if isinstance(config, QueueParams):
-        return config
-    return QUEUE_CONFIG.validate_python(config)
-
-
-def build_queue_policy(config: Mapping[str, Any] | QueueParams, *, seed: int) -> BaseQueuePolicy:
-    """A fresh queue policy from its config (``seed`` is passed on; no built-in policy is random)."""
-    params = parse_queue_config(config)
-    return QUEUES.get(params.kind)(params, seed=seed)
+QUEUE_CONFIG = QUEUE_FAMILY.adapter
+parse_queue_config = QUEUE_FAMILY.parse
+"""Validate a ``{kind: <key>, ...params}`` mapping into its frozen params model."""
+build_queue_policy = QUEUE_FAMILY.build
+"""A fresh queue policy from its config (``seed`` is passed on; no built-in policy is random)."""

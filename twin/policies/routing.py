@@ -11,9 +11,10 @@ import math
 from collections.abc import Sequence
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from twin.policies.eligibility import candidate_replicas
+from twin.policies.family import PolicyBase, PolicyParams
 from twin.policies.prng import SplitMix64, combine_hashes, mix64, stable_hash_str
 from twin.policies.types import ReplicaSnapshot, RequestFacts, RoutingDecision
 from twin.registry import Registry
@@ -21,14 +22,11 @@ from twin.registry import Registry
 NO_ELIGIBLE_REPLICA = "no_eligible_replica"
 
 
-class RouterParams(BaseModel):
+class RouterParams(PolicyParams):
     """Base of every router's params model: frozen, and a typo is an error."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
-    kind: str
 
-
-class BaseRouter:
+class BaseRouter(PolicyBase[RouterParams]):
     """Shared skeleton: eligibility, the no-eligible case, and a guard on what ``_choose`` returns.
 
     Subclasses implement ``_choose(request, candidates, now_s)`` where ``candidates`` is non-empty,
@@ -38,9 +36,7 @@ class BaseRouter:
     Params: ClassVar[type[RouterParams]]
 
     def __init__(self, params: RouterParams, *, seed: int) -> None:
-        if not isinstance(params, self.Params):
-            raise TypeError(f"{type(self).__name__} needs {self.Params.__name__}, got {type(params).__name__}")
-        self.params = params
+        super().__init__(params, seed=seed)
         self.rng = SplitMix64(seed)
 
     def route(self, request: RequestFacts, replicas: Sequence[ReplicaSnapshot], now_s: float) -> RoutingDecision:
