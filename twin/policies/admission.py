@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from twin.policies.family import MonotoneClock, PolicyBase, PolicyFamily, PolicyParams
 from twin.policies.prng import mix64, stable_hash_str
-from twin.policies.types import TIERS
+from twin.policies.types import check_request
 from twin.registry import Registry
 
 USER_RATE_LIMITED = "user_rate_limited"
@@ -55,10 +55,7 @@ class AdmissionRequest:
     attempt: int
 
     def __post_init__(self) -> None:
-        if self.tier not in TIERS:
-            raise ValueError(f"tier must be one of {TIERS}, got {self.tier!r}")
-        if self.prompt_tokens < 0 or self.expected_output_tokens < 0:
-            raise ValueError("token counts must be >= 0")
+        check_request(self.tier, self.prompt_tokens, self.expected_output_tokens)
         if self.attempt < 1:
             raise ValueError(f"attempt counts from 1, got {self.attempt}")
         if self.is_retry != (self.attempt > 1):

@@ -15,7 +15,7 @@ from typing import ClassVar, Literal, Protocol, runtime_checkable
 from pydantic import Field, field_validator
 
 from twin.policies.family import PolicyBase, PolicyFamily, PolicyParams
-from twin.policies.types import TIERS
+from twin.policies.types import TIERS, check_request
 from twin.registry import Registry
 
 QUEUE_FULL = "queue_full"
@@ -70,10 +70,7 @@ class QueueItem:
     arrival_s: float
 
     def __post_init__(self) -> None:
-        if self.tier not in TIERS:
-            raise ValueError(f"tier must be one of {TIERS}, got {self.tier!r}")
-        if self.prompt_tokens < 0 or self.expected_output_tokens < 0:
-            raise ValueError("token counts must be >= 0")
+        check_request(self.tier, self.prompt_tokens, self.expected_output_tokens)
 
     @property
     def total_tokens(self) -> int:

@@ -14,6 +14,14 @@ Tier = Literal["free", "paid", "enterprise"]
 TIERS: tuple[str, ...] = ("free", "paid", "enterprise")
 
 
+def check_request(tier: str, prompt_tokens: int, expected_output_tokens: int) -> None:
+    """The checks every request-shaped value type makes (routing facts, admission requests, queue items)."""
+    if tier not in TIERS:
+        raise ValueError(f"tier must be one of {TIERS}, got {tier!r}")
+    if prompt_tokens < 0 or expected_output_tokens < 0:
+        raise ValueError("token counts must be >= 0")
+
+
 @dataclass(frozen=True, slots=True)
 class RequestFacts:
     """What the router knows about one request when it must place it.
@@ -36,10 +44,7 @@ class RequestFacts:
     needs_long_context: bool
 
     def __post_init__(self) -> None:
-        if self.tier not in TIERS:
-            raise ValueError(f"tier must be one of {TIERS}, got {self.tier!r}")
-        if self.prompt_tokens < 0 or self.expected_output_tokens < 0:
-            raise ValueError("token counts must be >= 0")
+        check_request(self.tier, self.prompt_tokens, self.expected_output_tokens)
 
     @property
     def total_tokens(self) -> int:
