@@ -43,5 +43,23 @@ def size_controls(key: str, *, scale: float = runs.DEFAULT_SCALE, duration_s: fl
     return float(sc), float(dur), int(seed)
 
 
+def sized_scenario(key: str, *, default: str, duration_s: float):
+    """Scenario picker + size controls, loaded at that size; stops the page with the error if it is invalid.
+
+    Returns (name, path, size_overrides, seed, duration_s, scenario).
+    """
+    from twin.scenario import ScenarioError, load_scenario
+
+    name, path = scenario_picker(f"{key}_scenario", default=default)
+    scale, dur, seed = size_controls(key, duration_s=duration_s)
+    size = runs.size_overrides(scale=scale, duration_s=dur)
+    try:
+        sized = load_scenario(path, overrides=size)
+    except ScenarioError as exc:
+        st.error(str(exc))
+        st.stop()
+    return name, path, size, seed, dur, sized
+
+
 def show_failure(view: runs.RunView) -> None:
     st.error(f"{view.label}: the run failed: {view.manifest.get('exception')}")

@@ -10,7 +10,6 @@ import streamlit as st
 
 from dashboard import figures, runs, tables, ui
 from twin.drill import drill_report
-from twin.scenario import ScenarioError, load_scenario
 
 st.title("Drill replay")
 st.caption("A region loses its GPUs; live streams drop and resume elsewhere, DNS moves the region's users after "
@@ -19,14 +18,7 @@ st.caption("A region loses its GPUs; live streams drop and resume elsewhere, DNS
 source = st.radio("Source", ["Run a drill now", "Load a folder written by `twin drill --out`"], horizontal=True,
                   key="dr_source")
 if source.startswith("Run"):
-    name, path = ui.scenario_picker("dr_scenario", default="region-loss-drill")
-    scale, duration_s, seed = ui.size_controls("dr", duration_s=120)
-    size = runs.size_overrides(scale=scale, duration_s=duration_s)
-    try:
-        sized = load_scenario(path, overrides=size)
-    except ScenarioError as exc:
-        st.error(str(exc))
-        st.stop()
+    name, path, size, seed, duration_s, sized = ui.sized_scenario("dr", default="region-loss-drill", duration_s=120)
     regions = [r.name for r in sized.fleet.topology.regions]
     c1, c2, c3, c4, c5 = st.columns(5)
     region = c1.selectbox("Region lost", regions, key="dr_region")

@@ -7,20 +7,12 @@ import streamlit as st
 from dashboard import figures, runs, tables, ui
 from twin import charts
 from twin.policies import ROUTERS
-from twin.scenario import ScenarioError, load_scenario
 
 st.title("What-if simulation")
 st.caption("Runs the twin twice at a small fleet.scale: the scenario as it is (baseline) and with your changes "
            "(what-if). Both use the same seed, so they see the same arrivals where the changes allow.")
 
-name, path = ui.scenario_picker("wi_scenario", default="launch-day-10x")
-scale, duration_s, seed = ui.size_controls("wi", duration_s=30)
-size = runs.size_overrides(scale=scale, duration_s=duration_s)
-try:
-    sized = load_scenario(path, overrides=size)
-except ScenarioError as exc:
-    st.error(str(exc))
-    st.stop()
+name, path, size, seed, duration_s, sized = ui.sized_scenario("wi", default="launch-day-10x", duration_s=30)
 fleet = sized.fleet
 regions = [r.name for r in fleet.topology.regions]
 
