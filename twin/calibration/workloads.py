@@ -299,7 +299,8 @@ FIXTURES: dict[str, WorkloadSpec] = {
 }
 
 # ---------------------------------------------------------------------------------------------------
-# Calibration sweep: one axis at a time, offline (exact step composition) on cpu-tiny-llama.
+# Calibration sweep: one axis at a time, offline (exact step composition) on cpu-tiny-llama, plus two server
+# runs at two arrival rates for the server front end.
 CALIBRATION_SWEEP: dict[str, WorkloadSpec] = {
     w.name: w
     for w in [
@@ -366,6 +367,30 @@ CALIBRATION_SWEEP: dict[str, WorkloadSpec] = {
             output_tokens=LengthDist(min_tokens=8, max_tokens=32),
             shared_prefix=SharedPrefix(num_prefixes=4, prefix_tokens=640, share_fraction=0.9),
             engine=EngineSpec(max_num_batched_tokens=1024, max_num_seqs=32, max_model_len=1024),
+        ),
+        # Server mode (the OpenAI API server in front of the engine): only these fit the profile's server
+        # section (front-end time, server step time; twin.calibration.server). Offline steps fit the rest.
+        _w(
+            "sweep-server-rate-6",
+            description="server, Poisson 6 req/s: few concurrent streams, front end mostly idle",
+            mode="server",
+            seed=108,
+            num_requests=40,
+            prompt_tokens=LengthDist(min_tokens=32, max_tokens=640),
+            output_tokens=LengthDist(min_tokens=16, max_tokens=96),
+            arrivals=Arrivals(kind="poisson", rate_per_s=6.0),
+            engine=EngineSpec(max_model_len=1024),
+        ),
+        _w(
+            "sweep-server-rate-14",
+            description="server, Poisson 14 req/s: tens of concurrent streams, front end busy",
+            mode="server",
+            seed=109,
+            num_requests=48,
+            prompt_tokens=LengthDist(min_tokens=32, max_tokens=640),
+            output_tokens=LengthDist(min_tokens=16, max_tokens=96),
+            arrivals=Arrivals(kind="poisson", rate_per_s=14.0),
+            engine=EngineSpec(max_model_len=1024),
         ),
     ]
 }
