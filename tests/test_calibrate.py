@@ -27,7 +27,8 @@ from twin.paths import REPO_ROOT
 from twin.replay import compare, replay
 
 FIX = REPO_ROOT / "tests" / "fixtures" / "calibration" / "cpu-tiny-llama"
-SWEEP = sorted(p for p in (FIX / "calibration").iterdir() if (p / "run.json").is_file())
+ALL_SWEEP = sorted(p for p in (FIX / "calibration").iterdir() if (p / "run.json").is_file())
+SWEEP = [p for p in ALL_SWEEP if load_recorded_run(p).run.mode == "offline"]  # the server runs fit only `server`
 HELD_OUT_OFFLINE = FIX / "held-out" / "heldout-offline-kv-prefix"
 # The tolerance docs/calibration.md states for a profile fitted on the sweep, on the held-out offline run (TTFT
 # and E2E p50 with the profile's step times). Measured when committed: +15.0 % and +14.9 %. Recordings on the

@@ -5,6 +5,12 @@ The engine settings (block size, block count, limits, chunking, caching) come fr
 sent. Step time comes from a profile, or (``step_times="recorded"``) from the recorded iteration log
 itself plus the profile's per-step overhead, so scheduling and latency accounting can be judged apart
 from the step-time model.
+
+A run recorded through the OpenAI server (run.json ``mode: server``) replayed with a profile that has a
+``server`` section gets the API front end as well (``twin.calibration.server``): each request reaches the
+engine ``server.arrival_s`` after its send, steps take the server-mode step time plus the front end's time
+per step and per streamed chunk, and latencies are measured from the send, as the client measured them.
+Offline runs, and profiles without a ``server`` section, replay as before.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from twin.calibration.recorded import RecordedRun
 from twin.engine_profiles.step import StepShape, StepTimeModel
@@ -26,11 +33,14 @@ COMPOSITION = ("ctx_requests", "ctx_tokens", "gen_requests", "gen_tokens")
 
 
 class RecordedStepTimes:
-    """Step i takes the recorded ``elapsed_ms`` of step i plus a per-step overhead."""
+    """Step i takes the recorded ``elapsed_ms`` of step i plus a per-step overhead (plus ``per_chunk_s`` per
+    request computed in the step: the server front end's streaming time)."""
 
-    def __init__(self, elapsed_ms: np.ndarray, *, overhead_s: float, fallback: StepTimeModel | None) -> None:
+    def __init__(self, elapsed_ms: np.ndarray, *, overhead_s: float, fallback: StepTimeModel | None,
+                 per_chunk_s: float = 0.0) -> None:
         self.elapsed_s = np.asarray(elapsed_ms, dtype=np.float64) / 1000.0
         self.overhead_s = overhead_s
+        self.per_chunk_s = per_chunk_s
         self.fallback = fallback
         self.i = 0
         self.beyond = 0  # steps the twin ran past the end of the recording
@@ -39,7 +49,8 @@ class RecordedStepTimes:
         i = self.i
         self.i += 1
         if i < self.elapsed_s.size:
-            return float(self.elapsed_s[i]) + self.overhead_s
+            front = self.per_chunk_s * (shape.decode_requests + shape.prefill_requests) if self.per_chunk_s else 0.0
+            return float(self.elapsed_s[i]) + self.overhead_s + front
         self.beyond += 1
         if self.fallback is not None:
             return self.fallback.step_time_s(shape)
@@ -49,11 +60,13 @@ class RecordedStepTimes:
         raise RuntimeError("recorded step times are consumed one step at a time (decode runs are off)")
 
 
-def request_specs(rec: RecordedRun) -> list[RequestSpec]:
+def request_specs(rec: RecordedRun, *, arrival_delay_s: float = 0.0) -> list[RequestSpec]:
+    """The recorded requests; each reaches the engine ``arrival_delay_s`` after its recorded send time."""
     specs = []
     for r in rec.requests:
         specs.append(RequestSpec(
-            request_id=r.request_id, arrival_s=float(r.arrival_s), pieces=(("ids", tuple(r.prompt_token_ids)),),
+            request_id=r.request_id, arrival_s=float(r.arrival_s) + arrival_delay_s,
+            pieces=(("ids", tuple(r.prompt_token_ids)),),
             prompt_tokens=len(r.prompt_token_ids), output_tokens=max(r.output_tokens, 1),
             max_tokens=max(r.max_tokens, 1), output_segment=stable_hash(f"{rec.path.name}/{r.request_id}")))
     return specs
@@ -80,6 +93,15 @@ def replay_scenario(rec: RecordedRun, profile: str | None) -> Any:
     return parse_scenario(raw, source=str(rec.path))
 
 
+def server_front_end(rec: RecordedRun, profile: str | None) -> Any:
+    """The profile's ``server`` section when ``rec`` was recorded through the API server, else None."""
+    if rec.run.mode != "server" or profile is None:
+        return None
+    from twin.engine_profiles import load_profile
+
+    return load_profile(profile).spec.server
+
+
 def replay(rec: RecordedRun, *, profile: str | None, step_times: str = "profile") -> RunResult:
     """Simulate ``rec`` in the twin. ``step_times`` is ``"profile"`` or ``"recorded"``."""
     if step_times not in ("profile", "recorded"):
@@ -88,19 +110,49 @@ def replay(rec: RecordedRun, *, profile: str | None, step_times: str = "profile"
         raise ValueError("a profile is needed unless step times are taken from the recording")
     sc = replay_scenario(rec, profile)
     model: StepTimeModel | None = None
+    server = server_front_end(rec, profile)
+    if step_times == "profile" and server is not None:
+        from twin.calibration.server import ServerStepTimeModel
+
+        model = ServerStepTimeModel(server.step_time, per_chunk_s=server.per_chunk_s)
     if step_times == "recorded":
         if rec.iterations is None:
             raise ValueError(f"{rec.path}: no iterations.csv, so there are no recorded step times")
         fallback = None
         overhead = 0.0
+        per_chunk = 0.0
         if profile is not None:
             from twin.engine_profiles import load_profile
 
             fallback = load_profile(profile).step_time_model()
             overhead = float(getattr(fallback, "overhead_s", 0.0) or 0.0)
-        model = RecordedStepTimes(rec.iterations.elapsed_ms, overhead_s=overhead, fallback=fallback)
+        if server is not None:
+            from twin.calibration.server import ServerStepTimeModel
+
+            fallback = ServerStepTimeModel(server.step_time, per_chunk_s=server.per_chunk_s)
+            overhead, per_chunk = server.step_time.overhead_s, server.per_chunk_s
+        model = RecordedStepTimes(rec.iterations.elapsed_ms, overhead_s=overhead, fallback=fallback,
+                                  per_chunk_s=per_chunk)
         sc = sc.model_copy(update={"replica": sc.replica.model_copy(update={"max_decode_run_steps": 1})})
-    return run_scenario(sc, specs=request_specs(rec), step_model=model)
+    delay = server.arrival_s if server is not None else 0.0
+    result = run_scenario(sc, specs=request_specs(rec, arrival_delay_s=delay), step_model=model)
+    if delay and result.ok:
+        result.tables["requests"] = _measured_from_send(result.tables["requests"], delay)
+    return result
+
+
+def _measured_from_send(requests: pa.Table, delay_s: float) -> pa.Table:
+    """Requests table with times measured from the client's send (``delay_s`` before the engine saw it)."""
+    out = requests
+    for name in ("arrival_s", "ttft_s", "e2e_s"):
+        col = out.column(name).to_numpy(zero_copy_only=False)
+        out = out.set_column(out.schema.get_field_index(name), name,
+                             pa.array(col - delay_s if name == "arrival_s" else col + delay_s))
+    if "token_times_s" in out.column_names:
+        tt = [[t + delay_s for t in ts] for ts in out.column("token_times_s").to_pylist()]
+        out = out.set_column(out.schema.get_field_index("token_times_s"), "token_times_s",
+                             pa.array(tt, pa.list_(pa.float64())))
+    return out
 
 
 # ---- comparison ---------------------------------------------------------------------------------------

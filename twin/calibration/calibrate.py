@@ -39,6 +39,15 @@ from pathlib import Path
 import numpy as np
 
 from twin.calibration.recorded import RecordedRun, load_recorded_run
+from twin.calibration.server import (
+    ReconstructionError,
+    ServerSteps,
+    arrival_bounds,
+    fit_arrival_s,
+    fit_front_end,
+    front_end_samples,
+    reconstruct,
+)
 from twin.engine_profiles.fit import StepTimeFit, fit_step_time
 from twin.engine_profiles.profile import (
     EngineProfileSpec,
@@ -48,6 +57,7 @@ from twin.engine_profiles.profile import (
     ModelShape,
     Provenance,
     RegimeFitQuality,
+    ServerFrontEnd,
     StepTimeCoefficients,
 )
 from twin.engine_profiles.step import StepShape
@@ -290,11 +300,17 @@ def calibrate(run_dirs: Sequence[str | Path], *, name: str, command: str, genera
         raise CalibrationError(f"runs come from different hardware ({hardware}); fit one machine at a time")
     samples: list[RunSamples] = []
     refused: list[str] = []
+    server_recs = [r for r in recs if r.run.mode == "server"]
     for r in recs:
+        if r.run.mode == "server":  # server runs fit the server section only (their batches follow arrival timing)
+            continue
         try:
             samples.append(run_samples(r))
         except CalibrationError as exc:
             refused.append(str(exc))
+    if not samples and not refused:
+        raise CalibrationError("no offline run given: server-mode runs fit only the profile's server section, the "
+                               "step-time regimes need offline runs")
     if not samples:
         raise CalibrationError("no usable run (every run was refused):\n  " + "\n  ".join(refused))
     gaps = np.concatenate([s.overhead_gaps_s for s in samples])
@@ -316,6 +332,11 @@ def calibrate(run_dirs: Sequence[str | Path], *, name: str, command: str, genera
     kv_dtype = _dtype(r0.kv_cache_dtype, fallback=r0.dtype, where=str(recs[0].path))
     hw, mem, blocks = memory_section(recs, shape, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
     label = source_label or (lambda p: str(p))
+    generated_on = generated_on or dt.datetime.now(dt.UTC).date().isoformat()
+    server = fit_server(server_recs, command=command, generated_on=generated_on, source_label=label) \
+        if server_recs else None
+    if server is not None:
+        refused += server.refused
     q25, q50, q75 = np.percentile(per_step, [25, 50, 75])
     notes = (
         f"engine {', '.join(versions)} on '{hardware[0]}'. Fitted to {elapsed.size} recorded steps of "
@@ -336,7 +357,77 @@ def calibrate(run_dirs: Sequence[str | Path], *, name: str, command: str, genera
         fit_quality=fit_quality(coefficients, [s for s, k in zip(shapes, ok, strict=True) if k], elapsed[ok],
                                 target=f"recorded vLLM step durations (iterations.csv elapsed_ms), {len(samples)} runs"),
         provenance=Provenance(sources=[label(s.path) for s in samples], command=command,
-                              generated_on=generated_on or dt.datetime.now(dt.UTC).date().isoformat(), notes=notes),
+                              generated_on=generated_on, notes=notes),
+        server=None if server is None else server.front_end,
     )
-    return CalibrationResult(spec=spec, used=[s.path for s in samples], refused=refused, overhead_samples_s=per_step)
+    return CalibrationResult(spec=spec, used=[s.path for s in samples] + ([] if server is None else server.used),
+                             refused=refused, overhead_samples_s=per_step)
 
+
+
+@dataclass
+class ServerFit:
+    front_end: ServerFrontEnd
+    used: list[Path]
+    refused: list[str] = field(default_factory=list)
+
+
+def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
+               source_label: Callable[[Path], str]) -> ServerFit:
+    """The profile's ``server`` section from server-mode runs (``twin.calibration.server`` says how).
+
+    Per-step front-end time: ``fit_front_end`` (non-negative least squares) of the client-side gap between
+    consecutive streaming steps of a busy engine (less the later step's recorded model time) on ``[1, chunks]``. Server step time:
+    ``robust_fit`` of the reconstructed step shapes against ``elapsed_ms`` with that base as the overhead.
+    Arrival time: the value consistent with most requests' arrival bounds, pooled over the runs.
+    """
+    steps: list[ServerSteps] = []
+    used: list[RecordedRun] = []
+    refused: list[str] = []
+    for r in recs:
+        try:
+            steps.append(reconstruct(r))
+            used.append(r)
+        except ReconstructionError as exc:
+            refused.append(str(exc))
+    if not steps:
+        raise CalibrationError("no usable server run:\n  " + "\n  ".join(refused))
+    samples = [front_end_samples(s) for s in steps]
+    gaps = np.concatenate([g for g, _ in samples])
+    chunks = np.concatenate([c for _, c in samples])
+    base_s, per_chunk_s = fit_front_end(gaps, chunks)
+    shapes = [sh for s in steps for sh in s.shapes]
+    elapsed = np.concatenate([s.elapsed_s for s in steps])
+    try:
+        fit, keep = robust_fit(shapes, elapsed, overhead_s=float(base_s))
+    except ValueError as exc:
+        raise CalibrationError(f"cannot fit the server step-time regimes: {exc}") from exc
+    bounds = [arrival_bounds(r, s, front_end_s=base_s) for r, s in zip(used, steps, strict=True)]
+    lower = np.concatenate([lo for lo, _ in bounds])
+    upper = np.concatenate([hi for _, hi in bounds])
+    arrival_s, consistent = fit_arrival_s(lower, upper)
+    ok = elapsed > 0
+    resid = gaps - (base_s + per_chunk_s * chunks)
+    notes = (
+        f"Fitted to {len(steps)} server runs, {elapsed.size} steps reconstructed from the iteration logs (FCFS walk "
+        f"over the requests in send order, checked against every step's gen_requests). Front end per step: "
+        f"{base_s * 1e3:.3f} ms + {per_chunk_s * 1e3:.3f} ms per streamed chunk, least squares over "
+        f"{gaps.size} pairs of consecutive streaming steps with the engine busy in between (gap = client interval "
+        f"- recorded elapsed; median {np.median(gaps) * 1e3:.3f} ms, mean {np.mean(gaps) * 1e3:.3f} ms, max "
+        f"{np.max(gaps) * 1e3:.1f} ms; residual RMS {np.sqrt(np.mean(resid ** 2)) * 1e3:.3f} ms). "
+        f"Arrival: {arrival_s * 1e3:.1f} ms is within "
+        f"the bounds of {consistent} of {upper.size} requests (upper bound median {np.median(upper) * 1e3:.1f} ms). "
+        f"Step regimes: relative-error NNLS without {int((~keep).sum())} of {keep.size} outlier steps; fit_quality "
+        f"on every step with a positive duration."
+    )
+    if refused:
+        notes += " Refused: " + " | ".join(refused)
+    front_end = ServerFrontEnd(
+        arrival_s=arrival_s, per_chunk_s=float(per_chunk_s), step_time=fit.coefficients,
+        fit_quality=fit_quality(fit.coefficients, [s for s, k in zip(shapes, ok, strict=True) if k], elapsed[ok],
+                                target=f"recorded vLLM server step durations (iterations.csv elapsed_ms), "
+                                       f"{len(steps)} runs"),
+        provenance=Provenance(sources=[source_label(r.path) for r in used], command=command,
+                              generated_on=generated_on, notes=notes),
+    )
+    return ServerFit(front_end=front_end, used=[r.path for r in used], refused=refused)

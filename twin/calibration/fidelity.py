@@ -15,7 +15,9 @@ Each run is replayed twice with the engine settings of its own run.json: with th
   more than once among the runs given and the real values of that item spread wider between repeats;
   the spread is the largest relative deviation of a repeat from the repeats' mean.
 
-Pass/fail is judged on the profile replay; the recorded-step-time replay is reported beside it.
+Pass/fail is judged on the profile replay; the recorded-step-time replay is reported beside it. Server-mode
+runs replayed with a profile that has a ``server`` section get the API front end in both replays
+(``twin.replay``); the step-time sum then leaves the front end's time out on the twin's side too.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ import numpy as np
 
 from twin.calibration.calibrate import replay_recorded
 from twin.calibration.recorded import RecordedRun, load_recorded_run
-from twin.replay import compare, replay
+from twin.replay import compare, replay, server_front_end
 
 DEFAULT_TOLERANCE = 0.10
 # item key -> (label, unit scale for printing, unit)
@@ -62,7 +64,7 @@ def _rel(twin: float | None, real: float | None) -> float | None:
 
 
 def _values(rec: RecordedRun, result: Any, comparison: dict[str, Any], *, overhead_s: float,
-            overhead_in_log_s: float) -> dict[str, Any]:
+            overhead_in_log_s: float, per_chunk_s: float = 0.0) -> dict[str, Any]:
     """Flat item -> twin value (and real value) from one ``compare`` output."""
     real: dict[str, Any] = {}
     twin: dict[str, Any] = {}
@@ -76,6 +78,9 @@ def _values(rec: RecordedRun, result: Any, comparison: dict[str, Any], *, overhe
     steps_twin = it.num_rows
     # the iteration log's elapsed_ms leaves out only the overhead the step model declares (overhead_in_log_s)
     twin_sum = float(np.sum(it.column("elapsed_ms").to_numpy())) / 1e3 - (overhead_s - overhead_in_log_s) * steps_twin
+    if per_chunk_s:  # the server front end's streaming time is in the twin's logged step time: take it out
+        chunks = int(np.sum(it.column("ctx_requests").to_numpy())) + int(np.sum(it.column("gen_requests").to_numpy()))
+        twin_sum -= per_chunk_s * chunks
     real["step_time_sum_s"] = float(np.sum(rec.iterations.elapsed_ms)) / 1e3 if rec.iterations is not None else None
     twin["step_time_sum_s"] = twin_sum
     exact_real: dict[str, Any] = {}
@@ -129,14 +134,28 @@ class _RunReplays:
 
 
 def _replay_both(rec: RecordedRun, profile: str, overhead_s: float, overhead_in_log_s: float) -> _RunReplays:
+    server = server_front_end(rec, profile)
     res_p = replay(rec, profile=profile, step_times="profile")
     if not res_p.ok:
         raise RuntimeError(f"{rec.path}: the profile replay failed: {res_p.manifest['exception']}")
-    prof = _values(rec, res_p, compare(rec, res_p), overhead_s=overhead_s, overhead_in_log_s=overhead_in_log_s)
+    if server is None:
+        prof = _values(rec, res_p, compare(rec, res_p), overhead_s=overhead_s, overhead_in_log_s=overhead_in_log_s)
+    else:  # the server front end's per-step base is the model's overhead, so the log already leaves it out
+        fe = server.step_time.overhead_s
+        prof = _values(rec, res_p, compare(rec, res_p), overhead_s=fe, overhead_in_log_s=fe,
+                       per_chunk_s=server.per_chunk_s)
     recd: dict[str, Any] = {}
     if rec.iterations is not None and len(rec.iterations) > 0:
-        res_r, _ = replay_recorded(rec, overhead_s=overhead_s)
-        recd = _values(rec, res_r, compare(rec, res_r), overhead_s=overhead_s, overhead_in_log_s=overhead_s)
+        if server is None:
+            res_r, _ = replay_recorded(rec, overhead_s=overhead_s)
+            recd = _values(rec, res_r, compare(rec, res_r), overhead_s=overhead_s, overhead_in_log_s=overhead_s)
+        else:  # recorded step times + the fitted front end (arrival, per-step and per-chunk time)
+            res_r = replay(rec, profile=profile, step_times="recorded")
+            if not res_r.ok:
+                raise RuntimeError(f"{rec.path}: the recorded-step replay failed: {res_r.manifest['exception']}")
+            fe = server.step_time.overhead_s
+            recd = _values(rec, res_r, compare(rec, res_r), overhead_s=fe, overhead_in_log_s=fe,
+                           per_chunk_s=server.per_chunk_s)
     return _RunReplays(rec=rec, prof=prof, recd=recd)
 
 
@@ -186,9 +205,12 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
         runs.append({"run": str(rec.path), "name": rec.path.name, "mode": rec.run.mode, "requests": len(rec.requests),
                      "workload_key": key, "repeats": len(members), "items": items})
     verdicts = [it["pass"] for r in runs for it in r["items"].values() if it["pass"] is not None]
+    sv = prof.spec.server
     return {
         "profile": profile, "profile_name": prof.name, "default_tolerance": tolerance,
         "overhead_s": overhead_s, "runs": runs,
+        "server_front_end": None if sv is None else {
+            "arrival_s": sv.arrival_s, "per_step_s": sv.step_time.overhead_s, "per_chunk_s": sv.per_chunk_s},
         "summary": {"items": len(verdicts), "passed": sum(1 for v in verdicts if v),
                     "failed": sum(1 for v in verdicts if not v)},
     }
@@ -221,6 +243,10 @@ def format_table(report: dict[str, Any]) -> str:
     """The report as text: one block per run, one line per item."""
     lines = [f"fidelity of profile {report['profile_name']} ({report['profile']}); per-step overhead "
              f"{report['overhead_s'] * 1e3:.3f} ms; default tolerance {report['default_tolerance']:.0%}"]
+    fe = report.get("server_front_end")
+    lines.append("server runs: " + ("no server section: offline step time, no front end" if fe is None else
+                 f"server step time + front end (arrival {fe['arrival_s'] * 1e3:.1f} ms, {fe['per_step_s'] * 1e3:.3f} ms "
+                 f"per step + {fe['per_chunk_s'] * 1e3:.3f} ms per streamed chunk)"))
     head = (f"  {'item':<16}{'real':>11}{'twin':>11}{'error':>9}{'tol':>7}{'spread':>8}  {'verdict':<8}"
             f"{'twin*':>11}{'error*':>9}")
     for r in report["runs"]:
@@ -247,6 +273,7 @@ def format_table(report: dict[str, Any]) -> str:
                          f"{_fmt(it['twin_recorded_steps'], scale):>11}{_pct(it['rel_error_recorded_steps']):>9}")
     s = report["summary"]
     lines += ["", "twin = replay with the profile's step times (verdict); twin* = replay with the recorded step "
-                  "times + the profile's overhead.",
+                  "times + the profile's overhead (server runs: + the server front end; their steps do not line up "
+                  "with the recording's, so step i's recorded time goes to a differently composed step).",
               f"{s['passed']} of {s['items']} items pass, {s['failed']} fail."]
     return "\n".join(lines)

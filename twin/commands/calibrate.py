@@ -3,8 +3,9 @@
     twin calibrate tests/fixtures/calibration/cpu-tiny-llama/calibration/* --name cpu-tiny-llama --out p.yaml
     twin replay RUN_DIR --profile p.yaml        # the written file is a profile path anywhere --profile is taken
 
-Each run is replayed with its recorded step times; runs whose step composition the twin does not reproduce
-are refused (named on stderr) and the fit uses the rest. Exit 0 with a profile written, 2 on bad input or
+Each offline run is replayed with its recorded step times; runs whose step composition the twin does not
+reproduce are refused (named on stderr) and the fit uses the rest. Server-mode runs fit the profile's
+``server`` section (API front end and server step time; twin.calibration.server) and nothing else. Exit 0 with a profile written, 2 on bad input or
 when no run can be used.
 """
 
@@ -65,4 +66,17 @@ def run(args: argparse.Namespace) -> int:
     print(f"  prefill (n={fq.prefill.num_samples:>5})  base {pf.base_s * 1e3:.3f} ms + {pf.per_token_s * 1e6:.2f} us/tok"
           f" + {pf.per_attention_pair_s * 1e9:.3f} ns/pair + {pf.per_decode_context_token_s * 1e9:.2f} ns/ctx tok;"
           f" mean |rel err| {fq.prefill.mean_abs_rel_error:.1%}, max {fq.prefill.max_abs_rel_error:.1%}")
+    sv = result.spec.server
+    if sv is None:
+        print("  server            none (no server-mode run given: server replays use the offline step time, no front end)")
+        return 0
+    sd, sp, sq = sv.step_time.decode, sv.step_time.prefill, sv.fit_quality
+    print(f"  server front end  arrival {sv.arrival_s * 1e3:.1f} ms; per step {sv.step_time.overhead_s * 1e3:.3f} ms"
+          f" + {sv.per_chunk_s * 1e3:.3f} ms per streamed chunk ({len(sv.provenance.sources)} server runs)")
+    print(f"  server decode  (n={sq.decode.num_samples:>5})  base {sd.base_s * 1e3:.3f} ms + {sd.per_request_s * 1e6:.2f} us/req"
+          f" + {sd.per_context_token_s * 1e9:.2f} ns/ctx tok;"
+          f" mean |rel err| {sq.decode.mean_abs_rel_error:.1%}, max {sq.decode.max_abs_rel_error:.1%}")
+    print(f"  server prefill (n={sq.prefill.num_samples:>5})  base {sp.base_s * 1e3:.3f} ms + {sp.per_token_s * 1e6:.2f} us/tok"
+          f" + {sp.per_attention_pair_s * 1e9:.3f} ns/pair + {sp.per_decode_context_token_s * 1e9:.2f} ns/ctx tok;"
+          f" mean |rel err| {sq.prefill.mean_abs_rel_error:.1%}, max {sq.prefill.max_abs_rel_error:.1%}")
     return 0

@@ -194,7 +194,10 @@ def derive_spec(*, model: ModelShape, tp: int, weight_dtype: str, kv_dtype: str,
 
 
 def write_spec(spec: EngineProfileSpec, path: Path) -> None:
-    path.write_text(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False, width=120))
+    data = spec.model_dump(mode="json")
+    if data.get("server") is None:  # profiles without a server section keep their files as they were
+        data.pop("server", None)
+    path.write_text(yaml.safe_dump(data, sort_keys=False, width=120))
 
 
 def shipped_name(model: str, weight_dtype: str, tp: int) -> str:

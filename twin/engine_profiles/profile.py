@@ -123,6 +123,19 @@ class Provenance(_Frozen):
     notes: str = ""
 
 
+class ServerFrontEnd(_Frozen):
+    """An engine behind vLLM's OpenAI API server (recorded runs with ``mode: server``; offline runs and the
+    fleet simulation do not use it). Fitted by ``twin calibrate`` from server runs (docs/calibration.md)."""
+
+    arrival_s: float = Field(ge=0, description="from the client's send until the request can be scheduled, "
+                                                 "plus the last hop of a token back to the client")
+    per_chunk_s: float = Field(ge=0, description="front-end time per streamed chunk (per request computed in a step)")
+    step_time: StepTimeCoefficients = Field(
+        description="server-mode step time; overhead_s is the per-step front-end base")
+    fit_quality: FitQuality
+    provenance: Provenance
+
+
 class EngineProfileSpec(_Frozen):
     """The YAML file, field by field (see docs/profiles.md)."""
 
@@ -139,6 +152,7 @@ class EngineProfileSpec(_Frozen):
     fit_quality: FitQuality | None = None
     checks: list[Check] = Field(default_factory=list)
     provenance: Provenance
+    server: ServerFrontEnd | None = Field(default=None, description="only for replays of server-mode recordings")
 
     @model_validator(mode="after")
     def _tp_divides_heads(self) -> EngineProfileSpec:
