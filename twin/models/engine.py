@@ -132,11 +132,12 @@ class Engine:
                 # only when this token fills one. Same result as kv.allocate, without the general case.
                 c1 = c + 1
                 if c % bs == 0 or len(r.blocks) * bs < c1:
-                    ok = kv.allocate(r, 1)  # False: fall through to the general path, which preempts
+                    # kv.allocate(r, 1) for a known token; False: fall through to the general path, which preempts
+                    ok = kv.allocate_decode(r, c1)
                 else:
                     ok = True
-                    if caching and c1 % bs == 0:
-                        kv._cache(r, c1)
+                    if caching and c1 % bs == 0 and c1 // bs > r.num_cached_blocks:
+                        kv._cache_upto(r, c1 // bs)
                 if ok:
                     reqs.append(r)
                     ns.append(1)
@@ -397,10 +398,15 @@ class Engine:
         finished: list[EngineRequest] = []
         k = m - 1
         itl_v, itl_w, itl_g = self.itl_values, self.itl_weights, self.itl_groups
+        bs = kv.block_size
+        caching = kv.caching
         for r in self.running:
-            ok = kv.allocate_decode(r, r.num_computed + k)  # the tokens computed in steps 2..m
-            assert ok, "max_decode_run guaranteed the blocks"
-            r.num_computed += k
+            # kv.allocate_decode(r, ca) for the tokens computed in steps 2..m, its no-op case checked inline
+            ca = r.num_computed + k
+            if -(-(ca if ca < mml else mml) // bs) > len(r.blocks) or (caching and ca // bs > r.num_cached_blocks):
+                ok = kv.allocate_decode(r, ca)
+                assert ok, "max_decode_run guaranteed the blocks"
+            r.num_computed = ca
             # _emit for a request with output (every request of a decode run has some), inlined
             itl_v.append(first_s - r.last_token_s)
             itl_w.append(1)

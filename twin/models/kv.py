@@ -139,28 +139,45 @@ class BlockPool:
                 out.extend(range(fresh, fresh + k))
                 self.fresh = fresh + k
                 n -= k
-        if n:  # the LRU end of the cached-free blocks: evict as we go (_uncache inlined for the common case)
-            cached, dups = self.cached, self.dups
-            ids, at, i, base = self.tail_ids, self.tail_at, self.tail_first, self.tail_base
-            self.tail_len -= n
-            for _ in range(n):
-                b = ids[i]
-                while at[b] != base + i:  # a stale entry
-                    i += 1
-                    b = ids[i]
-                at[b] = -1
-                i += 1
-                h = bhash[b]
-                if h is not None:
-                    if h in dups:
-                        self._uncache(b, h)
-                    else:
+        if n:  # the LRU end of the cached-free blocks: evict as we go
+            ids, at, i = self.tail_ids, self.tail_at, self.tail_first
+            cached = self.cached
+            live = self.tail_len
+            self.tail_len = live - n
+            if len(ids) - i == live and not self.dups:
+                # Bulk path (the usual case): no stale entry from the front on, so the next n entries are the
+                # blocks to pop; and with no duplicate hash, each block's hash maps to that very block.
+                end = i + n
+                blk = ids[i:end].tolist()
+                for b in blk:
+                    at[b] = -1
+                    ref[b] = 1
+                    h = bhash[b]
+                    if h is not None:
                         bhash[b] = None
-                        if cached.get(h) == b:
-                            del cached[h]
-                ref[b] = 1
-                out.append(b)
-            self.tail_first = i
+                        del cached[h]
+                out.extend(blk)
+                self.tail_first = end
+            else:
+                dups, base = self.dups, self.tail_base
+                for _ in range(n):
+                    b = ids[i]
+                    while at[b] != base + i:  # a stale entry
+                        i += 1
+                        b = ids[i]
+                    at[b] = -1
+                    i += 1
+                    h = bhash[b]
+                    if h is not None:
+                        if h in dups:
+                            self._uncache(b, h)
+                        else:
+                            bhash[b] = None
+                            if cached.get(h) == b:
+                                del cached[h]
+                    ref[b] = 1
+                    out.append(b)
+                self.tail_first = i
             self._maybe_compact()
 
     def _uncache(self, b: int, h: int) -> None:
@@ -254,10 +271,36 @@ class BlockPool:
 
     def _cache_upto(self, req: EngineRequest, full: int) -> None:
         start = req.num_cached_blocks
-        hashes = req.seq.block_hashes(full)
+        seq = req.seq
+        hashes = seq._hashes
+        if full > len(hashes):
+            seq._extend(full)  # extends ``hashes`` in place
         bhash, cached = self.bhash, self.cached
-        for b, h in zip(req.blocks[start:full], hashes[start:full]):
+        if full - start == 1:  # a decode filling one block: the common call
+            b = req.blocks[start]
+            h = hashes[start]
             bhash[b] = h
+            if h in cached:
+                self.dups.setdefault(h, []).append(b)
+            else:
+                cached[h] = b
+            req.num_cached_blocks = full
+            return
+        blks = req.blocks[start:full]
+        hs = hashes[start:full]
+        for b, h in zip(blks, hs):
+            bhash[b] = h
+        # Register in bulk when no hash is taken yet (the usual case). A hash repeated inside ``hs`` shows as
+        # fewer new keys than hashes: undo and take the per-block path (the later copies go to ``dups``).
+        n0 = len(cached)
+        if cached.keys().isdisjoint(hs):
+            cached.update(zip(hs, blks))
+            if len(cached) == n0 + len(hs):
+                req.num_cached_blocks = full
+                return
+            for h in hs:
+                cached.pop(h, None)
+        for b, h in zip(blks, hs):
             if h in cached:
                 self.dups.setdefault(h, []).append(b)
             else:
@@ -269,7 +312,30 @@ class BlockPool:
         ref, bhash, head = self.ref, self.bhash, self.head
         ids, at = self.tail_ids, self.tail_at
         pos = start = self.tail_base + len(ids)
-        for b in reversed(req.blocks):
+        rev = req.blocks[::-1]
+        n = len(rev)
+        # Bulk path for the usual case: every block held by this request only (all drop to ref 0), all
+        # hashed but possibly the first released (the partial last block). C-level map() calls instead of
+        # one Python iteration per block; same queue order as the loop below.
+        if n and list(map(ref.__getitem__, rev)).count(1) == n:
+            hs = list(map(bhash.__getitem__, rev))
+            k = hs.count(None)
+            if k == 0 or (k == 1 and hs[0] is None):
+                if k:
+                    b = rev[0]
+                    head[b] = None
+                    head.move_to_end(b, last=False)
+                for b in rev:
+                    ref[b] = 0
+                hashed = rev[k:]
+                for p, b in enumerate(hashed, pos):
+                    at[b] = p
+                ids.extend(hashed)
+                self.tail_len += n - k
+                req.blocks = []
+                req.num_cached_blocks = 0
+                return
+        for b in rev:
             r = ref[b] - 1
             ref[b] = r
             if not r:
