@@ -248,7 +248,25 @@ class BlockPool:
         bs = self.block_size
         mml = self.max_model_len
         new = -(-(computed_after if computed_after < mml else mml) // bs) - len(req.blocks)
-        if new > 0:
+        if new == 1 and self.tail_len and not self.head and self.fresh == self.num_blocks and not self.dups:
+            # One block off the tail (the usual decode allocation once the pool has cycled): _pop_free(1)
+            # with the stale entries skipped in place.
+            ids, at, i, base = self.tail_ids, self.tail_at, self.tail_first, self.tail_base
+            b = ids[i]
+            while at[b] != base + i:
+                i += 1
+                b = ids[i]
+            at[b] = -1
+            self.tail_first = i + 1
+            self.tail_len -= 1
+            h = self.bhash[b]
+            if h is not None:
+                self.bhash[b] = None
+                del self.cached[h]  # no duplicates: the hash maps to this block
+            self.ref[b] = 1
+            req.blocks.append(b)
+            self._maybe_compact()
+        elif new > 0:
             if new > self.num_free:
                 return False
             self._pop_free(new, req.blocks)
