@@ -284,12 +284,15 @@ class Engine:
         RUNNING = Status.RUNNING
         itl_v, itl_w, itl_g = self.itl_values, self.itl_weights, self.itl_groups
         emitted = 0
+        first = step.first_tokens
         for r in step.reqs:
             seq = r.seq
             if r.status != RUNNING or r.num_computed < seq.num_tokens:
                 continue  # a non-final prefill chunk: its sampled token is discarded
             w = r.watch_output
             if r.num_output == 0 or (w is not None and r.num_output + 1 >= w):
+                if r.num_output == 0:
+                    first.append(r)
                 self._emit(r, 1, end_s, end_s)
             else:  # inlined _emit for the common decode case
                 itl_v.append(end_s - r.last_token_s)
@@ -329,8 +332,13 @@ class Engine:
             r.on_tokens(r, m, last_s)  # only at the first token and at a watched count, not per token
 
     def _retire(self, finished: list[EngineRequest], end_s: float) -> None:
-        done = set(map(id, finished))
-        self.running = [r for r in self.running if id(r) not in done]
+        if len(finished) <= 8:  # usually one or two: list.remove scans at C speed, order kept
+            running = self.running
+            for r in finished:
+                running.remove(r)
+        else:
+            done = set(map(id, finished))
+            self.running = [r for r in self.running if id(r) not in done]
         for r in finished:
             self.kv.release(r)
             reason = "stop" if r.num_output >= r.target_output_tokens and r.target_output_tokens < r.max_tokens else "length"
@@ -400,6 +408,7 @@ class Engine:
         itl_v, itl_w, itl_g = self.itl_values, self.itl_weights, self.itl_groups
         bs = kv.block_size
         caching = kv.caching
+        counts: dict[str | None, int] = {}  # requests per gap group, in first-seen order (only with itl_g)
         for r in self.running:
             # kv.allocate_decode(r, ca) for the tokens computed in steps 2..m, its no-op case checked inline
             ca = r.num_computed + k
@@ -411,7 +420,9 @@ class Engine:
             itl_v.append(first_s - r.last_token_s)
             itl_w.append(1)
             if itl_g is not None:
-                itl_g.append(r.group)
+                g = r.group
+                itl_g.append(g)
+                counts[g] = counts.get(g, 0) + 1
             seq = r.seq
             seq._out_len += m
             seq.num_tokens += m
@@ -430,9 +441,6 @@ class Engine:
             itl_v.extend(gaps)
             itl_w.extend([len(self.running)] * k)
         else:
-            counts: dict[str | None, int] = {}
-            for r in self.running:
-                counts[r.group] = counts.get(r.group, 0) + 1
             g = len(counts)
             if g == 1:
                 itl_v.extend(gaps)

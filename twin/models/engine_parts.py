@@ -18,13 +18,14 @@ class Step:
     """One scheduled step: who computes how many tokens, and the shape the step-time model reads."""
 
     __slots__ = ("reqs", "ns", "shape", "ctx_requests", "ctx_tokens", "gen_requests", "gen_tokens",
-                 "preempted", "admitted", "uniform_decode", "kv_usage")
+                 "preempted", "admitted", "uniform_decode", "kv_usage", "first_tokens")
 
     def __init__(self) -> None:
         self.reqs: list[EngineRequest] = []
         self.ns: list[int] = []
         self.preempted: list[EngineRequest] = []
         self.admitted: list[EngineRequest] = []
+        self.first_tokens: list[EngineRequest] = []  # filled by Engine.complete: first token in this step, in reqs order
 
 
 class WaitingQueue:
