@@ -123,24 +123,27 @@ class Engine:
         n_fast = 0  # decode items scheduled by the fast path (shape counted inline: d_req, d_ctx)
         slow: list[int] = []  # positions in reqs of every other item (shape counted in _shape)
         d_ctx = 0
+        mml1, bs1 = mml - 1, bs - 1
+        add_req, add_n = reqs.append, ns.append
         while i < n_running and budget > 0:
             r = running[i]
             c = r.num_computed
             n = r.seq.num_tokens - c
-            if n == 1 and c < mml - 1 and r.num_output > 0:
+            if n == 1 and c < mml1 and r.num_output > 0:
                 # Decode fast path: a new block only when the previous ones are full; a block to hash
                 # only when this token fills one. Same result as kv.allocate, without the general case.
                 c1 = c + 1
-                if c % bs == 0 or len(r.blocks) * bs < c1:
+                q = c % bs
+                if q == 0 or len(r.blocks) * bs < c1:
                     # kv.allocate(r, 1) for a known token; False: fall through to the general path, which preempts
                     ok = kv.allocate_decode(r, c1)
                 else:
                     ok = True
-                    if caching and c1 % bs == 0 and c1 // bs > r.num_cached_blocks:
+                    if q == bs1 and caching and c1 // bs > r.num_cached_blocks:  # q == bs1: c1 % bs == 0
                         kv._cache_upto(r, c1 // bs)
                 if ok:
-                    reqs.append(r)
-                    ns.append(1)
+                    add_req(r)
+                    add_n(1)
                     r.num_computed = c1
                     budget -= 1
                     i += 1

@@ -330,30 +330,7 @@ class BlockPool:
         ref, bhash, head = self.ref, self.bhash, self.head
         ids, at = self.tail_ids, self.tail_at
         pos = start = self.tail_base + len(ids)
-        rev = req.blocks[::-1]
-        n = len(rev)
-        # Bulk path for the usual case: every block held by this request only (all drop to ref 0), all
-        # hashed but possibly the first released (the partial last block). C-level map() calls instead of
-        # one Python iteration per block; same queue order as the loop below.
-        if n and list(map(ref.__getitem__, rev)).count(1) == n:
-            hs = list(map(bhash.__getitem__, rev))
-            k = hs.count(None)
-            if k == 0 or (k == 1 and hs[0] is None):
-                if k:
-                    b = rev[0]
-                    head[b] = None
-                    head.move_to_end(b, last=False)
-                for b in rev:
-                    ref[b] = 0
-                hashed = rev[k:]
-                for p, b in enumerate(hashed, pos):
-                    at[b] = p
-                ids.extend(hashed)
-                self.tail_len += n - k
-                req.blocks = []
-                req.num_cached_blocks = 0
-                return
-        for b in rev:
+        for b in reversed(req.blocks):
             r = ref[b] - 1
             ref[b] = r
             if not r:
