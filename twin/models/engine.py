@@ -420,7 +420,7 @@ class Engine:
         if g_n:  # the members: gaps in bulk, then only the members finishing or at a watched count
             emitted = self._g_emit(step, end_s)
             s1 = grp.steps + 1
-            for r in grp.pop_due(grp.cheap, s1):
+            for r in (grp.pop_due(grp.cheap, s1) if grp.cheap and grp.cheap[0][0] <= s1 else ()):
                 r._grp = None  # its own fields are written below: its callback reads them directly
                 grp.materialise(r)
                 seq = r.seq
@@ -674,7 +674,7 @@ class Engine:
                 counts[labels[c]] = codes.count(c)
         last_s = ends_s[m - 1]
         broken = False
-        for r in grp.pop_due(grp.cheap, sm):  # (max_decode_run ended the run at the first of these)
+        for r in (grp.pop_due(grp.cheap, sm) if grp.cheap and grp.cheap[0][0] <= sm else ()):  # (the run ends at the first)
             r._grp = None
             grp.materialise(r)
             r.num_computed += m - 1
