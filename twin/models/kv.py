@@ -88,7 +88,8 @@ class BlockPool:
             del self.head[b]
 
     def _maybe_compact(self) -> None:
-        """Drop consumed and stale entries once they outnumber the valid ones (amortised O(1))."""
+        """Drop consumed and stale entries once they outnumber the valid ones (amortised O(1)). Hot callers
+        test ``len(tail_ids) - tail_len > tail_len + 4096`` themselves before calling."""
         ids = self.tail_ids
         if len(ids) - self.tail_len <= self.tail_len + 4096:  # consumed + stale entries vs valid ones
             return
@@ -265,7 +266,8 @@ class BlockPool:
                 del self.cached[h]  # no duplicates: the hash maps to this block
             self.ref[b] = 1
             req.blocks.append(b)
-            self._maybe_compact()
+            if len(ids) - self.tail_len > self.tail_len + 4096:
+                self._maybe_compact()
         elif new > 0:
             if new > self.num_free:
                 return False
