@@ -21,11 +21,12 @@ decoding, LoRA, encoder cache or KV connectors; stop strings are modelled as the
 
 from __future__ import annotations
 
+import heapq
 from array import array
 from dataclasses import dataclass
 
 from twin.engine_profiles.step import StepShape, prefill_attention_work
-from twin.models.engine_parts import GroupColumn, Step, WaitingQueue
+from twin.models.engine_parts import DecodeGroup, GroupColumn, Step, WaitingQueue
 from twin.models.kv import BlockPool
 from twin.models.request import EngineRequest, Status
 
@@ -76,6 +77,10 @@ class Engine:
         self.itl_values = array("d")
         self.itl_weights = array("I")
         self.itl_groups: GroupColumn | None = GroupColumn() if track_groups else None  # parallel to itl_values
+        # The decode group (FCFS only: a priority preemption may take back any running request's step).
+        self.grp = DecodeGroup(config.block_size, config.max_model_len)
+        self.use_group = config.policy == "fcfs"
+        self._adm = 0
 
     # ---- arrivals and cancellation -------------------------------------------------------------
     def add(self, r: EngineRequest) -> None:
@@ -89,6 +94,11 @@ class Engine:
         if r.status == Status.FINISHED:
             return False
         if r in self.running:
+            if r._grp is not None:
+                if self.grp.infl:  # its step is in flight: that step can no longer complete as a group step
+                    self._g_dissolve()
+                else:
+                    self._g_leave(r)
             self.running.remove(r)
         elif not self.waiting.remove(r):
             return False
@@ -123,23 +133,34 @@ class Engine:
         n_fast = 0  # decode items scheduled by the fast path (shape counted inline: d_req, d_ctx)
         slow: list[int] = []  # positions in reqs of every other item (shape counted in _shape)
         d_ctx = 0
+        mml1, bs1 = mml - 1, bs - 1
+        grp = self.grp
+        if grp.n:
+            i = n_fast = self._g_schedule(step, budget)
+            if i:
+                reqs, ns = step.reqs, step.ns
+                budget -= i
+                d_ctx = grp.csum  # after _g_schedule: the members' computed tokens including this step's
+        add_req, add_n = reqs.append, ns.append
         while i < n_running and budget > 0:
             r = running[i]
             c = r.num_computed
             n = r.seq.num_tokens - c
-            if n == 1 and c < mml - 1 and r.num_output > 0:
+            if n == 1 and c < mml1 and r._nout > 0:
                 # Decode fast path: a new block only when the previous ones are full; a block to hash
                 # only when this token fills one. Same result as kv.allocate, without the general case.
                 c1 = c + 1
-                if c % bs == 0 or len(r.blocks) * bs < c1:
-                    ok = kv.allocate(r, 1)  # False: fall through to the general path, which preempts
+                q = c % bs
+                if q == 0 or len(r.blocks) * bs < c1:
+                    # kv.allocate(r, 1) for a known token; False: fall through to the general path, which preempts
+                    ok = kv.allocate_decode(r, c1)
                 else:
                     ok = True
-                    if caching and c1 % bs == 0:
-                        kv._cache(r, c1)
+                    if q == bs1 and caching and c1 // bs > r.num_cached_blocks:  # q == bs1: c1 % bs == 0
+                        kv._cache_upto(r, c1 // bs)
                 if ok:
-                    reqs.append(r)
-                    ns.append(1)
+                    add_req(r)
+                    add_n(1)
                     r.num_computed = c1
                     budget -= 1
                     i += 1
@@ -208,6 +229,8 @@ class Engine:
                     break
                 waiting.pop()
                 running.append(r)
+                self._adm += 1
+                r.adm = self._adm  # increases along running (admission order)
                 r.status = Status.RUNNING
                 if r.num_preemptions == 0 and cfg.enable_prefix_caching and not pre:
                     self.prefix_cache_queries += r.seq.num_tokens
@@ -224,7 +247,8 @@ class Engine:
 
         if not reqs:
             return None
-        if preempted_any:  # a preemption may have taken back scheduled items: count from scratch
+        if preempted_any and not step.g_n:  # a preemption may have taken back scheduled items: count from scratch
+            # (with a group the policy is FCFS, whose victims are never items already scheduled: no need)
             self._shape(step, range(len(reqs)), 0, 0)
         else:
             self._shape(step, slow, n_fast, d_ctx)
@@ -246,7 +270,7 @@ class Engine:
         for j in items:
             r = reqs[j]
             n = ns[j]
-            if n == 1 and r.num_computed == r.seq.num_tokens and r.num_output > 0:
+            if n == 1 and r.num_computed == r.seq.num_tokens and r._nout > 0:
                 d_req += 1
                 d_ctx += r.num_computed
             else:
@@ -254,7 +278,7 @@ class Engine:
                 p_tok += n
                 p_pairs += prefill_attention_work(r.num_computed - n, n)
             # vLLM's iteration log: a request with output is "gen", whatever the step computes for it.
-            if r.num_output > 0:
+            if r._nout > 0:
                 gen_r += 1
                 gen_t += n
             else:
@@ -274,6 +298,112 @@ class Engine:
         self.waiting.push(victim, front=True)
         step.preempted.append(victim)
 
+    # ---- the decode group (DecodeGroup in engine_parts) ---------------------------------------------
+    def _g_schedule(self, step: Step, budget: int) -> int:
+        """Phase A for the group's members (``running[:n]``, each decoding one token): their touches due at
+        this step, then every member into ``step`` at once. Returns the members scheduled, or 0 after
+        dissolving the group when the fast path cannot be exact (budget, or a block it may not get)."""
+        grp, kv = self.grp, self.kv
+        n = grp.n
+        s = grp.steps + 1
+        due = grp.pop_due(grp.sheap, s) if grp.sheap and grp.sheap[0][0] <= s else []
+        bs = grp.bs
+        if n > budget or sum(1 for r in due if (r.num_computed + grp.steps - r.g_base) % bs == 0) > kv.num_free:
+            self._g_dissolve()
+            return 0
+        caching = kv.caching
+        for r in due:  # in running order, as Phase A would reach them
+            c = r.num_computed + grp.steps - r.g_base
+            c1 = c + 1
+            q = c % bs
+            if q == 0 or len(r.blocks) * bs < c1:
+                ok = kv.allocate_decode(r, c1)
+                assert ok, "counted against num_free above"
+            elif q == bs - 1 and caching and c1 // bs > r.num_cached_blocks:
+                kv._cache_upto(r, c1 // bs)
+            grp.push_sched(r, grp.next_sched(s + 1, c1))
+        step.reqs = self.running[:n]
+        step.ns = [1] * n
+        step.g_n = n
+        step.g_epoch = grp.epoch
+        grp.csum += n
+        grp.infl = 1
+        return n
+
+    def _g_join(self, end_s: float) -> None:
+        """After a completion: running requests right after the members that decode steadily join."""
+        grp, running = self.grp, self.running
+        grp.last_s = end_s
+        if not self.use_group:
+            return
+        n = grp.n
+        itl_g = self.itl_groups
+        mml, S = self.cfg.max_model_len, grp.steps
+        while n < len(running):
+            r = running[n]
+            o = r._nout
+            w = r.watch_output
+            c = r.num_computed
+            if (r.status != Status.RUNNING or o <= 0 or c != r.seq.num_tokens - 1 or r.last_token_s != end_s
+                    or r.token_times is not None or (w is not None and w <= o) or c >= mml - 1):
+                break
+            if itl_g is not None:
+                code = itl_g._index.get(r.group)
+                if code is None:  # a label not recorded yet: let the per-request path record it first
+                    break
+                if itl_g.codes.typecode != grp.codes.typecode:
+                    grp.codes = array(itl_g.codes.typecode, grp.codes)
+                grp.codes.append(code)
+            grp.ver += 1
+            r.g_ver = grp.ver
+            r.g_base = S
+            r._grp = grp
+            grp.csum += c
+            grp.hist[(c - S) % grp.bs] += 1
+            grp.push_sched(r, grp.next_sched(S + 1, c))
+            grp.push_complete(r)
+            n += 1
+        grp.n = n
+
+    def _g_leave(self, r: EngineRequest) -> None:
+        """``r`` leaves the group with its true values written (the caller takes it out of ``running``)."""
+        grp = self.grp
+        idx = self.running.index(r)
+        assert idx < grp.n
+        grp.hist[(r.num_computed - r.g_base) % grp.bs] -= 1
+        grp.materialise(r)
+        grp.csum -= r.num_computed
+        if self.itl_groups is not None:
+            del grp.codes[idx]
+        grp.n -= 1
+        r.g_ver = None
+        r._grp = None
+
+    def _g_dissolve(self) -> None:
+        """Every member back to plain per-request state (true values written; in-flight token included)."""
+        grp = self.grp
+        for r in self.running[:grp.n]:
+            grp.materialise(r)
+            r.g_ver = None
+            r._grp = None
+        grp.n = grp.csum = grp.infl = 0
+        grp.hist = [0] * grp.bs
+        grp.sheap.clear()
+        grp.cheap.clear()
+        del grp.codes[:]
+        grp.epoch += 1
+
+    def _g_emit(self, step: Step, first_s: float) -> int:
+        """The members' inter-token gaps for a completing group step (all equal: every member's last token
+        came at the end of the previous step), in running order. Returns the member count."""
+        grp = self.grp
+        n = step.g_n
+        self.itl_values.extend(array("d", [first_s - grp.last_s]) * n)
+        self.itl_weights.extend(array("I", [1]) * n)
+        if self.itl_groups is not None:
+            self.itl_groups.codes.extend(grp.codes)
+        return n
+
     # ---- step outputs --------------------------------------------------------------------------
     def complete(self, step: Step, end_s: float) -> list[EngineRequest]:
         """Apply one step's outputs at ``end_s``; returns the requests that finished."""
@@ -283,12 +413,47 @@ class Engine:
         RUNNING = Status.RUNNING
         itl_v, itl_w, itl_g = self.itl_values, self.itl_weights, self.itl_groups
         emitted = 0
-        for r in step.reqs:
+        first = step.first_tokens
+        grp = self.grp
+        g_n = step.g_n if step.g_epoch == grp.epoch else 0
+        broken = False
+        if g_n:  # the members: gaps in bulk, then only the members finishing or at a watched count
+            emitted = self._g_emit(step, end_s)
+            s1 = grp.steps + 1
+            for r in (grp.pop_due(grp.cheap, s1) if grp.cheap and grp.cheap[0][0] <= s1 else ()):
+                r._grp = None  # its own fields are written below: its callback reads them directly
+                grp.materialise(r)
+                seq = r.seq
+                w = r.watch_output
+                if w is not None and r._nout + 1 >= w:  # _emit(r, 1, end_s, end_s), its gap already recorded
+                    seq.append_output(1)
+                    r._nout += 1
+                    r.last_token_s = end_s
+                    if r.on_tokens is not None and r._nout >= w:
+                        r.on_tokens(r, 1, end_s)
+                else:
+                    seq._out_len += 1
+                    seq.num_tokens += 1
+                    r._nout += 1
+                    r.last_token_s = end_s
+                r.g_base = s1
+                r._grp = grp
+                if r._nout >= r.target_output_tokens or seq.num_tokens >= mml:
+                    finished.append(r)
+                elif r.watch_output is not None and r.watch_output <= r._nout:
+                    broken = True  # no longer a steady decode: dissolve once the step is applied
+                else:
+                    grp.push_complete(r)
+            grp.steps = s1
+            grp.infl = 0
+        for r in (step.reqs[g_n:] if g_n else step.reqs):
             seq = r.seq
             if r.status != RUNNING or r.num_computed < seq.num_tokens:
                 continue  # a non-final prefill chunk: its sampled token is discarded
             w = r.watch_output
-            if r.num_output == 0 or (w is not None and r.num_output + 1 >= w):
+            if r._nout == 0 or (w is not None and r._nout + 1 >= w):
+                if r._nout == 0:
+                    first.append(r)
                 self._emit(r, 1, end_s, end_s)
             else:  # inlined _emit for the common decode case
                 itl_v.append(end_s - r.last_token_s)
@@ -297,21 +462,24 @@ class Engine:
                     itl_g.append(r.group)
                 seq._out_len += 1
                 seq.num_tokens += 1
-                r.num_output += 1
+                r._nout += 1
                 r.last_token_s = end_s
                 emitted += 1
             if r.token_times is not None:
                 r.token_times.append(end_s)
-            if r.num_output >= r.target_output_tokens or seq.num_tokens >= mml:
+            if r._nout >= r.target_output_tokens or seq.num_tokens >= mml:
                 finished.append(r)
         self.generation_tokens += emitted
         if finished:
             self._retire(finished, end_s)
+        if broken:
+            self._g_dissolve()
+        self._g_join(end_s)
         return finished
 
     def _emit(self, r: EngineRequest, m: int, first_s: float, last_s: float) -> None:
         """Record ``m`` new tokens of ``r``: the first at ``first_s``, the last at ``last_s``."""
-        if r.num_output == 0:
+        if r._nout == 0:
             r.first_token_s = first_s
             self.prompt_tokens += r.prompt_tokens
         else:
@@ -320,20 +488,36 @@ class Engine:
             if self.itl_groups is not None:
                 self.itl_groups.append(r.group)
         r.seq.append_output(m)
-        r.num_output += m
+        r._nout += m
         self.generation_tokens += m
-        first = r.num_output == m
+        first = r._nout == m
         r.last_token_s = last_s
-        if r.on_tokens is not None and (first or (r.watch_output is not None and r.num_output >= r.watch_output)):
+        if r.on_tokens is not None and (first or (r.watch_output is not None and r._nout >= r.watch_output)):
             r.on_tokens(r, m, last_s)  # only at the first token and at a watched count, not per token
 
     def _retire(self, finished: list[EngineRequest], end_s: float) -> None:
-        done = set(map(id, finished))
-        self.running = [r for r in self.running if id(r) not in done]
+        if self.grp.n:
+            for r in finished:
+                if r._grp is not None:
+                    self._g_leave(r)
+                    self.running.remove(r)
+            finished_plain = [r for r in finished if r in self.running]
+        else:
+            finished_plain = finished
+        self._retire_plain(finished_plain)
         for r in finished:
             self.kv.release(r)
-            reason = "stop" if r.num_output >= r.target_output_tokens and r.target_output_tokens < r.max_tokens else "length"
+            reason = "stop" if r._nout >= r.target_output_tokens and r.target_output_tokens < r.max_tokens else "length"
             self._finish(r, end_s, reason)
+
+    def _retire_plain(self, finished: list[EngineRequest]) -> None:
+        if len(finished) <= 8:  # usually one or two: list.remove scans at C speed, order kept
+            running = self.running
+            for r in finished:
+                running.remove(r)
+        else:
+            done = set(map(id, finished))
+            self.running = [r for r in self.running if id(r) not in done]
 
     def _finish(self, r: EngineRequest, end_s: float, reason: str) -> None:
         r.status = Status.FINISHED
@@ -352,24 +536,36 @@ class Engine:
         """
         mml = self.cfg.max_model_len
         k = limit
-        for r in self.running:
-            rem = r.target_output_tokens - r.num_output
+        grp = self.grp
+        g_n = step.g_n if step.g_epoch == grp.epoch else 0
+        if g_n:  # the members' earliest finish or watched count is the top of the complete-time heap
+            ch = grp.cheap
+            while ch and ch[0][3].g_ver != ch[0][2]:
+                heapq.heappop(ch)
+            if ch and ch[0][0] - grp.steps < k:
+                k = ch[0][0] - grp.steps
+        others = self.running[g_n:] if g_n else self.running
+        for r in others:
+            rem = r.target_output_tokens - r._nout
             by_len = mml - r.seq.num_tokens
             if by_len < rem:
                 rem = by_len
             w = r.watch_output
-            if w is not None and r.num_output < w < r.num_output + rem:
-                rem = w - r.num_output
+            if w is not None and r._nout < w < r._nout + rem:
+                rem = w - r._nout
             if rem < k:
                 k = rem
         if k <= 1:
             return 1
         bs = self.kv.block_size
         free = self.kv.num_free
-        cs = [r.num_computed for r in self.running]  # after step 1's scheduling
+        cs = [r.num_computed for r in others]  # after step 1's scheduling
+        # members by (c - 1) mod bs, c their num_computed after step 1's scheduling (see DecodeGroup.hist)
+        phases = [((key + grp.steps) % bs, h) for key, h in enumerate(grp.hist) if h] if g_n else []
 
         def new_blocks(m: int) -> int:  # blocks steps 2..m allocate
-            return sum((c + m - 2) // bs - (c - 1) // bs for c in cs)
+            return (sum((c + m - 2) // bs - (c - 1) // bs for c in cs)
+                    + sum(h * ((x + m - 1) // bs) for x, h in phases))
 
         if new_blocks(k) <= free:
             return k
@@ -397,19 +593,32 @@ class Engine:
         finished: list[EngineRequest] = []
         k = m - 1
         itl_v, itl_w, itl_g = self.itl_values, self.itl_weights, self.itl_groups
-        for r in self.running:
-            ok = kv.allocate_decode(r, r.num_computed + k)  # the tokens computed in steps 2..m
-            assert ok, "max_decode_run guaranteed the blocks"
-            r.num_computed += k
+        bs = kv.block_size
+        caching = kv.caching
+        counts: dict[str | None, int] = {}  # requests per gap group, in first-seen order (only with itl_g)
+        grp = self.grp
+        g_n = step.g_n if step.g_epoch == grp.epoch else 0
+        broken = False
+        if g_n:
+            broken = self._g_run(step, m, ends_s, finished, counts)
+        for r in (self.running[g_n:] if g_n else self.running):
+            # kv.allocate_decode(r, ca) for the tokens computed in steps 2..m, its no-op case checked inline
+            ca = r.num_computed + k
+            if -(-(ca if ca < mml else mml) // bs) > len(r.blocks) or (caching and ca // bs > r.num_cached_blocks):
+                ok = kv.allocate_decode(r, ca)
+                assert ok, "max_decode_run guaranteed the blocks"
+            r.num_computed = ca
             # _emit for a request with output (every request of a decode run has some), inlined
             itl_v.append(first_s - r.last_token_s)
             itl_w.append(1)
             if itl_g is not None:
-                itl_g.append(r.group)
+                g = r.group
+                itl_g.append(g)
+                counts[g] = counts.get(g, 0) + 1
             seq = r.seq
             seq._out_len += m
             seq.num_tokens += m
-            n_out = r.num_output = r.num_output + m
+            n_out = r._nout = r._nout + m
             r.last_token_s = last_s
             w = r.watch_output
             if r.on_tokens is not None and w is not None and n_out >= w:
@@ -424,9 +633,6 @@ class Engine:
             itl_v.extend(gaps)
             itl_w.extend([len(self.running)] * k)
         else:
-            counts: dict[str | None, int] = {}
-            for r in self.running:
-                counts[r.group] = counts.get(r.group, 0) + 1
             g = len(counts)
             if g == 1:
                 itl_v.extend(gaps)
@@ -437,4 +643,58 @@ class Engine:
             itl_g.codes.extend(codes * k)
         if finished:
             self._retire(finished, last_s)
+        if broken:
+            self._g_dissolve()
+        self._g_join(last_s)
         return finished
+
+    def _g_run(self, step: Step, m: int, ends_s: list[float], finished: list[EngineRequest],
+               counts: dict[str | None, int]) -> bool:
+        """``complete_decode_run`` for the members (they come first in running order): the blocks of steps
+        2..m of those with a block due in them, the first gaps in bulk, the members finishing or reaching a
+        watched count at step m. Fills ``finished`` and ``counts``; True if the group must be dissolved."""
+        grp, kv = self.grp, self.kv
+        S = grp.steps
+        sm = S + m
+        bs, mml, caching = grp.bs, grp.mml, kv.caching
+        due = grp.pop_due(grp.sheap, sm) if grp.sheap and grp.sheap[0][0] <= sm else []
+        if len(due) > 1:
+            due.sort(key=lambda r: r.adm)  # one call per request, in running order, as the loop does
+        for r in due:
+            ca = r.num_computed + S - r.g_base + m  # computed after steps 1..m are scheduled
+            if -(-(ca if ca < mml else mml) // bs) > len(r.blocks) or (caching and ca // bs > r.num_cached_blocks):
+                ok = kv.allocate_decode(r, ca)
+                assert ok, "max_decode_run guaranteed the blocks"
+            grp.push_sched(r, grp.next_sched(sm + 1, ca))
+        self._g_emit(step, ends_s[0])
+        itl_g = self.itl_groups
+        if itl_g is not None:
+            codes, labels = grp.codes, itl_g.labels
+            for c in dict.fromkeys(codes):  # labels in first-seen order, as the per-request loop counts them
+                counts[labels[c]] = codes.count(c)
+        last_s = ends_s[m - 1]
+        broken = False
+        for r in (grp.pop_due(grp.cheap, sm) if grp.cheap and grp.cheap[0][0] <= sm else ()):  # (the run ends at the first)
+            r._grp = None
+            grp.materialise(r)
+            r.num_computed += m - 1
+            seq = r.seq
+            seq._out_len += m
+            seq.num_tokens += m
+            n_out = r._nout = r._nout + m
+            r.last_token_s = last_s
+            r.g_base = sm
+            w = r.watch_output
+            if r.on_tokens is not None and w is not None and n_out >= w:
+                r.on_tokens(r, m, last_s)
+            r._grp = grp
+            if n_out >= r.target_output_tokens or seq.num_tokens >= mml:
+                finished.append(r)
+            elif r.watch_output is not None and r.watch_output <= n_out:
+                broken = True
+            else:
+                grp.push_complete(r)
+        grp.csum += (m - 1) * step.g_n  # the tokens of steps 2..m
+        grp.steps = sm
+        grp.infl = 0
+        return broken

@@ -18,13 +18,16 @@ class Step:
     """One scheduled step: who computes how many tokens, and the shape the step-time model reads."""
 
     __slots__ = ("reqs", "ns", "shape", "ctx_requests", "ctx_tokens", "gen_requests", "gen_tokens",
-                 "preempted", "admitted", "uniform_decode", "kv_usage")
+                 "preempted", "admitted", "uniform_decode", "kv_usage", "first_tokens", "g_n", "g_epoch")
 
     def __init__(self) -> None:
         self.reqs: list[EngineRequest] = []
         self.ns: list[int] = []
         self.preempted: list[EngineRequest] = []
         self.admitted: list[EngineRequest] = []
+        self.first_tokens: list[EngineRequest] = []  # filled by Engine.complete: first token in this step, in reqs order
+        self.g_n = 0  # reqs[:g_n] are the engine's decode-group members (see DecodeGroup)
+        self.g_epoch = -1
 
 
 class WaitingQueue:
@@ -114,3 +117,76 @@ class GroupColumn:
         if isinstance(i, slice):
             return [self.labels[c] for c in self.codes[i]]
         return self.labels[self.codes[i]]
+
+
+class DecodeGroup:
+    """The steadily decoding prefix of an engine's ``running`` list, kept as offsets from a step counter.
+
+    Members are ``running[:n]``. A member's ``num_computed``, ``num_output``, ``seq.num_tokens``,
+    ``seq._out_len`` and ``last_token_s`` are stored as of group step ``r.g_base`` (after that step's
+    completion); the true values add ``steps - r.g_base`` (and the in-flight token to ``num_computed``).
+    So a decode step touches a member only at its *touches*: schedule-time ones (a block to allocate or to
+    hash) and complete-time ones (it finishes, or reaches a watched output count), kept in two heaps keyed
+    by the group step at which they fall, then admission order (= running order). ``EngineRequest.num_output``
+    reads through the offsets, so a member's count is right whenever it is read.
+    """
+
+    __slots__ = ("bs", "mml", "steps", "last_s", "n", "csum", "codes", "hist", "sheap", "cheap", "ver", "infl",
+                 "epoch")
+
+    def __init__(self, block_size: int, max_model_len: int) -> None:
+        self.bs = block_size
+        self.mml = max_model_len
+        self.steps = 0  # group steps completed
+        self.last_s = float("nan")  # end time of the last completed step (every member's last_token_s)
+        self.n = 0  # members: running[:n]
+        self.csum = 0  # sum of the members' true num_computed (in-flight token included)
+        self.codes = array("H")  # members' inter-token-gap group codes, parallel to running[:n] (with groups)
+        self.hist = [0] * block_size  # members by (stored num_computed - g_base) mod block size
+        self.sheap: list[tuple[int, int, int, EngineRequest]] = []  # (step, adm, ver, r) schedule-time touches
+        self.cheap: list[tuple[int, int, int, EngineRequest]] = []  # (step, adm, ver, r) complete-time touches
+        self.ver = 0  # join counter: a heap entry is live iff its ver is its request's g_ver
+        self.infl = 0  # 1 while a scheduled step that includes the members has not completed
+        self.epoch = 0  # bumped when the group is dissolved (a step scheduled before then is not a group step)
+
+    def next_sched(self, s: int, c: int) -> int:
+        """First group step >= ``s`` whose scheduling finds ``num_computed % bs`` at 0 (a block to allocate)
+        or at bs - 1 (a block to hash), for a member with ``c`` computed tokens at the scheduling of step s."""
+        bs = self.bs
+        return s + min((-c) % bs, (bs - 1 - c) % bs)
+
+    def push_sched(self, r: EngineRequest, s: int) -> None:
+        heapq.heappush(self.sheap, (s, r.adm, r.g_ver, r))
+
+    def push_complete(self, r: EngineRequest) -> None:
+        """The step at which a member (stored as of ``steps``) finishes or reaches its watched count."""
+        o = r._nout
+        rem = r.target_output_tokens - o
+        by_len = self.mml - r.seq.num_tokens
+        if by_len < rem:
+            rem = by_len
+        w = r.watch_output
+        if w is not None and w - o < rem:
+            rem = w - o
+        heapq.heappush(self.cheap, (r.g_base + rem, r.adm, r.g_ver, r))
+
+    def pop_due(self, heap: list, s: int) -> list[EngineRequest]:
+        """Live entries of ``heap`` due at or before step ``s``, in (step, admission) order."""
+        out = []
+        while heap and heap[0][0] <= s:
+            _, _, ver, r = heapq.heappop(heap)
+            if r.g_ver == ver:
+                out.append(r)
+        return out
+
+    def materialise(self, r: EngineRequest) -> None:
+        """Write a member's true values into its fields (rebased to ``steps``; in-flight token included)."""
+        d = self.steps - r.g_base
+        r.num_computed += d + self.infl
+        if d:
+            r._nout += d
+            seq = r.seq
+            seq.num_tokens += d
+            seq._out_len += d
+            r.last_token_s = self.last_s
+        r.g_base = self.steps

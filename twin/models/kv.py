@@ -88,7 +88,8 @@ class BlockPool:
             del self.head[b]
 
     def _maybe_compact(self) -> None:
-        """Drop consumed and stale entries once they outnumber the valid ones (amortised O(1))."""
+        """Drop consumed and stale entries once they outnumber the valid ones (amortised O(1)). Hot callers
+        test ``len(tail_ids) - tail_len > tail_len + 4096`` themselves before calling."""
         ids = self.tail_ids
         if len(ids) - self.tail_len <= self.tail_len + 4096:  # consumed + stale entries vs valid ones
             return
@@ -139,28 +140,45 @@ class BlockPool:
                 out.extend(range(fresh, fresh + k))
                 self.fresh = fresh + k
                 n -= k
-        if n:  # the LRU end of the cached-free blocks: evict as we go (_uncache inlined for the common case)
-            cached, dups = self.cached, self.dups
-            ids, at, i, base = self.tail_ids, self.tail_at, self.tail_first, self.tail_base
-            self.tail_len -= n
-            for _ in range(n):
-                b = ids[i]
-                while at[b] != base + i:  # a stale entry
-                    i += 1
-                    b = ids[i]
-                at[b] = -1
-                i += 1
-                h = bhash[b]
-                if h is not None:
-                    if h in dups:
-                        self._uncache(b, h)
-                    else:
+        if n:  # the LRU end of the cached-free blocks: evict as we go
+            ids, at, i = self.tail_ids, self.tail_at, self.tail_first
+            cached = self.cached
+            live = self.tail_len
+            self.tail_len = live - n
+            if len(ids) - i == live and not self.dups:
+                # Bulk path (the usual case): no stale entry from the front on, so the next n entries are the
+                # blocks to pop; and with no duplicate hash, each block's hash maps to that very block.
+                end = i + n
+                blk = ids[i:end].tolist()
+                for b in blk:
+                    at[b] = -1
+                    ref[b] = 1
+                    h = bhash[b]
+                    if h is not None:
                         bhash[b] = None
-                        if cached.get(h) == b:
-                            del cached[h]
-                ref[b] = 1
-                out.append(b)
-            self.tail_first = i
+                        del cached[h]
+                out.extend(blk)
+                self.tail_first = end
+            else:
+                dups, base = self.dups, self.tail_base
+                for _ in range(n):
+                    b = ids[i]
+                    while at[b] != base + i:  # a stale entry
+                        i += 1
+                        b = ids[i]
+                    at[b] = -1
+                    i += 1
+                    h = bhash[b]
+                    if h is not None:
+                        if h in dups:
+                            self._uncache(b, h)
+                        else:
+                            bhash[b] = None
+                            if cached.get(h) == b:
+                                del cached[h]
+                    ref[b] = 1
+                    out.append(b)
+                self.tail_first = i
             self._maybe_compact()
 
     def _uncache(self, b: int, h: int) -> None:
@@ -231,7 +249,26 @@ class BlockPool:
         bs = self.block_size
         mml = self.max_model_len
         new = -(-(computed_after if computed_after < mml else mml) // bs) - len(req.blocks)
-        if new > 0:
+        if new == 1 and self.tail_len and not self.head and self.fresh == self.num_blocks and not self.dups:
+            # One block off the tail (the usual decode allocation once the pool has cycled): _pop_free(1)
+            # with the stale entries skipped in place.
+            ids, at, i, base = self.tail_ids, self.tail_at, self.tail_first, self.tail_base
+            b = ids[i]
+            while at[b] != base + i:
+                i += 1
+                b = ids[i]
+            at[b] = -1
+            self.tail_first = i + 1
+            self.tail_len -= 1
+            h = self.bhash[b]
+            if h is not None:
+                self.bhash[b] = None
+                del self.cached[h]  # no duplicates: the hash maps to this block
+            self.ref[b] = 1
+            req.blocks.append(b)
+            if len(ids) - self.tail_len > self.tail_len + 4096:
+                self._maybe_compact()
+        elif new > 0:
             if new > self.num_free:
                 return False
             self._pop_free(new, req.blocks)
@@ -254,10 +291,36 @@ class BlockPool:
 
     def _cache_upto(self, req: EngineRequest, full: int) -> None:
         start = req.num_cached_blocks
-        hashes = req.seq.block_hashes(full)
+        seq = req.seq
+        hashes = seq._hashes
+        if full > len(hashes):
+            seq._extend(full)  # extends ``hashes`` in place
         bhash, cached = self.bhash, self.cached
-        for b, h in zip(req.blocks[start:full], hashes[start:full]):
+        if full - start == 1:  # a decode filling one block: the common call
+            b = req.blocks[start]
+            h = hashes[start]
             bhash[b] = h
+            if h in cached:
+                self.dups.setdefault(h, []).append(b)
+            else:
+                cached[h] = b
+            req.num_cached_blocks = full
+            return
+        blks = req.blocks[start:full]
+        hs = hashes[start:full]
+        for b, h in zip(blks, hs):
+            bhash[b] = h
+        # Register in bulk when no hash is taken yet (the usual case). A hash repeated inside ``hs`` shows as
+        # fewer new keys than hashes: undo and take the per-block path (the later copies go to ``dups``).
+        n0 = len(cached)
+        if cached.keys().isdisjoint(hs):
+            cached.update(zip(hs, blks))
+            if len(cached) == n0 + len(hs):
+                req.num_cached_blocks = full
+                return
+            for h in hs:
+                cached.pop(h, None)
+        for b, h in zip(blks, hs):
             if h in cached:
                 self.dups.setdefault(h, []).append(b)
             else:

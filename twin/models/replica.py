@@ -206,10 +206,8 @@ class Replica:
     def _note_complete(self, step: Step, finished: list[EngineRequest]) -> None:
         now = self.env.now
         rec = self.rec
-        if step.shape.prefill_requests:
-            for r in step.reqs:
-                if r.num_output == 1 and r.first_token_s == now:
-                    rec.event(now, self._k_first, self.scope, r.request_id)
+        for r in step.first_tokens:  # (Engine.complete lists them: no pass over every scheduled request)
+            rec.event(now, self._k_first, self.scope, r.request_id)
         for r in finished:
             rec.event(now, self._k_finished, self.scope, r.request_id, float(r.num_output), r.finished_reason)
             if self.on_finished is not None:

@@ -24,10 +24,10 @@ class EngineRequest:
 
     __slots__ = (
         "request_id", "arrival_s", "seq", "prompt_tokens", "max_tokens", "target_output_tokens",
-        "priority", "num_computed", "num_output", "blocks", "num_cached_blocks", "status",
+        "priority", "num_computed", "_nout", "blocks", "num_cached_blocks", "status",
         "num_preemptions", "num_cached_tokens", "first_scheduled_s", "first_token_s", "last_token_s",
         "finish_s", "finished_reason", "token_times", "on_tokens", "on_finished", "tag", "watch_output", "group",
-        "kv_preloaded",
+        "kv_preloaded", "adm", "g_ver", "g_base", "_grp",
     )
 
     def __init__(
@@ -52,7 +52,7 @@ class EngineRequest:
         self.target_output_tokens = max_tokens if target_output_tokens is None else min(target_output_tokens, max_tokens)
         self.priority = priority
         self.num_computed = 0
-        self.num_output = 0
+        self._nout = 0  # output tokens; read through ``num_output`` (a decode-group member's is an offset)
         self.blocks: list[int] = []
         self.num_cached_blocks = 0
         self.status = Status.WAITING
@@ -70,13 +70,38 @@ class EngineRequest:
         self.group: str | None = None  # a label (e.g. tier) for per-group inter-token statistics
         self.watch_output: int | None = None  # a decode run stops when num_output reaches this (client hooks)
         self.kv_preloaded = 0  # tokens whose KV arrives by transfer (disaggregated decode), not computed here
+        # Engine bookkeeping: admission number (running order), decode-group membership (see DecodeGroup)
+        self.adm = 0
+        self.g_ver: int | None = None
+        self.g_base = 0
+        self._grp = None
+
+    @property
+    def num_output(self) -> int:
+        """Output tokens so far. For a member of the engine's decode group the stored count lags by the group
+        steps completed since it was last written (``DecodeGroup``): the true count is read through here."""
+        g = self._grp
+        if g is None:
+            return self._nout
+        return self._nout + g.steps - self.g_base
+
+    @num_output.setter
+    def num_output(self, value: int) -> None:
+        if self._grp is not None:
+            raise RuntimeError("a decode-group member's output count is kept by its engine")
+        self._nout = value
 
     @property
     def num_tokens(self) -> int:
-        return self.seq.num_tokens
+        """Prompt + output tokens (read through the decode group's offset like ``num_output``; a member's
+        ``seq.num_tokens`` itself lags until the engine writes it)."""
+        g = self._grp
+        if g is None:
+            return self.seq.num_tokens
+        return self.seq.num_tokens + g.steps - self.g_base
 
     def remaining_steps(self, max_model_len: int) -> int:
         """Decode steps until this request stops (EOS/max_tokens or max_model_len)."""
         by_output = self.target_output_tokens - self.num_output
-        by_len = max_model_len - self.seq.num_tokens
+        by_len = max_model_len - self.num_tokens
         return min(by_output, by_len)

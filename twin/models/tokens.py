@@ -112,7 +112,16 @@ class TokenSeq:
             return
 
     def _extend(self, upto: int) -> None:
-        if not self._hashes:
+        hashes = self._hashes
+        if hashes and upto == len(hashes) + 1:
+            start = len(hashes) * self.block_size
+            if start >= self._length:
+                # One block inside the output segment (a decode filling a block): _extend_from's output fast
+                # path without its piece cursor, which may trail (it is only ever advanced).
+                a = start - self._length + self._out_off
+                hashes.append(hash((hashes[-1], ((self._out_seg, a, a + self.block_size),))))
+                return
+        if not hashes:
             self._head(upto)
             if len(self._hashes) >= upto:
                 return
