@@ -20,8 +20,24 @@ from twin.policies.routing import ROUTERS, BaseRouter, RouterParams
 from twin.policies.types import ReplicaSnapshot, RequestFacts, RoutingDecision
 
 
+_ROOT = object()  # the predecessor recorded for a prompt's first block
+
+
 class ApproxPrefixIndex:
-    """Per replica, an LRU of block hashes this router sent there, with capacity and aging."""
+    """Per replica, an LRU of block hashes this router sent there, with capacity and aging.
+
+    A match is the number of *leading* prompt blocks found in a replica's LRU; done block by block it
+    costs as many lookups as the prompt shares with the replica (every replica holds a shared system
+    prompt), for every candidate of every decision. It is found by binary search instead when that
+    gives the same answer, i.e. when the blocks a replica holds form a prefix of the prompt. That holds
+    for chained hashes (block k's hash determines block k-1's): a record stores a prompt's blocks leaf
+    first, so a block's predecessor is always newer in the LRU and is evicted (capacity, TTL) after it.
+    To stay exact on any input, the index remembers each live block's predecessor as recorded
+    (``_pred``, reference counted over replicas); a query is binary searched only if no recorded block
+    ever had two different predecessors and each of the query's blocks that is recorded anywhere has
+    the query's previous block as its predecessor. Otherwise (hand-made hashes, a 64-bit collision) the
+    block-by-block scan runs, so the answer is always the scan's.
+    """
 
     def __init__(self, *, capacity_blocks: int, ttl_s: float | None) -> None:
         if capacity_blocks < 1:
@@ -29,6 +45,9 @@ class ApproxPrefixIndex:
         self.capacity_blocks = capacity_blocks
         self.ttl_s = ttl_s
         self._lru: dict[str, OrderedDict[int, float]] = {}
+        self._pred: dict[int, object] = {}  # block hash -> its predecessor when recorded
+        self._refs: dict[int, int] = {}  # block hash -> number of replica LRUs holding it
+        self._consistent = True  # no block was ever recorded with two different predecessors
 
     def record(self, replica_id: str, block_hashes: Sequence[int], now_s: float) -> None:
         """Blocks were sent to ``replica_id`` at ``now_s``.
@@ -37,31 +56,89 @@ class ApproxPrefixIndex:
         engine evicts a freed request's blocks from the tail.
         """
         lru = self._lru.setdefault(replica_id, OrderedDict())
-        for h in reversed(block_hashes):
+        pred, refs = self._pred, self._refs
+        for k in range(len(block_hashes) - 1, -1, -1):
+            h = block_hashes[k]
+            before = block_hashes[k - 1] if k else _ROOT
+            if h in lru:
+                lru[h] = now_s
+                lru.move_to_end(h)
+                if pred[h] != before:
+                    self._consistent = False
+                continue
             lru[h] = now_s
-            lru.move_to_end(h)
+            n = refs.get(h)
+            if n is None:
+                refs[h] = 1
+                pred[h] = before
+            else:
+                refs[h] = n + 1
+                if pred[h] != before:
+                    self._consistent = False
         while len(lru) > self.capacity_blocks:
-            lru.popitem(last=False)
+            self._drop(lru.popitem(last=False)[0])
         self._expire(lru, now_s)
 
     def match_blocks(self, replica_id: str, block_hashes: Sequence[int], now_s: float) -> int:
         """How many leading blocks of the prompt the index believes are cached on ``replica_id``."""
-        lru = self._lru.get(replica_id)
-        if not lru:
-            return 0
-        self._expire(lru, now_s)
-        n = 0
-        for h in block_hashes:
-            if h not in lru:
-                break
-            n += 1
-        return n
+        return self.match_many((replica_id,), block_hashes, now_s)[0]
+
+    def match_many(self, replica_ids: Sequence[str], block_hashes: Sequence[int], now_s: float) -> list[int]:
+        """``match_blocks`` for each replica in turn (expiring each one's LRU as it goes)."""
+        search = self._prefix_closed(block_hashes)
+        out = []
+        for rid in replica_ids:
+            lru = self._lru.get(rid)
+            if not lru:
+                out.append(0)
+                continue
+            self._expire(lru, now_s)
+            if search:
+                lo, hi = 0, len(block_hashes)
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if block_hashes[mid] in lru:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                out.append(lo)
+                continue
+            n = 0
+            for h in block_hashes:
+                if h not in lru:
+                    break
+                n += 1
+            out.append(n)
+        return out
+
+    def _prefix_closed(self, block_hashes: Sequence[int]) -> bool:
+        """Whether, in every LRU, the blocks of this prompt that are held form a leading run."""
+        if not self._consistent:
+            return False
+        if len(block_hashes) < 2:
+            return True
+        # pred.get(h, default=previous block): equal to the previous block exactly when h is not
+        # recorded anywhere or was recorded after it; map/compare keep this one pass in C
+        prev = list(block_hashes[:-1])
+        return list(map(self._pred.get, block_hashes[1:], prev)) == prev
 
     def forget(self, replica_id: str) -> None:
-        self._lru.pop(replica_id, None)
+        lru = self._lru.pop(replica_id, None)
+        if lru:
+            for h in lru:
+                self._drop(h)
 
     def size(self, replica_id: str) -> int:
         return len(self._lru.get(replica_id, ()))
+
+    def _drop(self, h: int) -> None:
+        """One LRU let go of ``h``."""
+        n = self._refs[h] - 1
+        if n:
+            self._refs[h] = n
+        else:
+            del self._refs[h]
+            del self._pred[h]
 
     def _expire(self, lru: OrderedDict[int, float], now_s: float) -> None:
         if self.ttl_s is None:
@@ -71,6 +148,7 @@ class ApproxPrefixIndex:
             if now_s - t <= self.ttl_s:
                 break
             del lru[h]
+            self._drop(h)
 
 
 class _PrefixIndexParams(RouterParams):
@@ -123,9 +201,11 @@ class LlmDScorerRouter(_PrefixIndexRouter):
         n_blocks = len(request.block_hashes)
         q = [c.num_waiting for c in candidates]
         q_lo, q_hi = min(q), max(q)
+        matched = (self.index.match_many([c.replica_id for c in candidates], request.block_hashes, now_s) if n_blocks
+                   else [0] * len(candidates))
         out = []
-        for c in candidates:
-            prefix = self.index.match_blocks(c.replica_id, request.block_hashes, now_s) / n_blocks if n_blocks else 0.0
+        for c, m in zip(candidates, matched, strict=True):
+            prefix = m / n_blocks if n_blocks else 0.0
             queue = 1.0 if q_hi == q_lo else (q_hi - c.num_waiting) / (q_hi - q_lo)
             kv = 1.0 - c.kv_usage
             out.append(p.prefix_weight * prefix + p.queue_weight * queue + p.kv_usage_weight * kv)
@@ -134,7 +214,7 @@ class LlmDScorerRouter(_PrefixIndexRouter):
     def _choose(self, request: RequestFacts, candidates: list[ReplicaSnapshot], now_s: float) -> RoutingDecision:
         totals = self.scores(request, candidates, now_s)
         best = min(range(len(candidates)), key=lambda i: (-totals[i], candidates[i].replica_id))
-        scores = tuple((c.replica_id, s) for c, s in zip(candidates, totals, strict=True))
+        scores = tuple(zip([c.replica_id for c in candidates], totals, strict=True))
         return RoutingDecision(candidates[best].replica_id, "llm_d_scorer (score, higher wins)", scores)
 
 
@@ -165,16 +245,17 @@ class DynamoKvCostRouter(_PrefixIndexRouter):
         p = self.params
         bs = p.block_size_tokens
         prompt_blocks = math.ceil(request.prompt_tokens / bs)
+        matched = self.index.match_many([c.replica_id for c in candidates], request.block_hashes, now_s)
         out = []
-        for c in candidates:
-            cached = min(self.index.match_blocks(c.replica_id, request.block_hashes, now_s), prompt_blocks)
+        for c, m in zip(candidates, matched, strict=True):
+            cached = min(m, prompt_blocks)
             decode = math.ceil(c.outstanding_tokens / bs) + prompt_blocks
             out.append(p.overlap_score_weight * (prompt_blocks - cached) + decode)
         return out
 
     def _choose(self, request: RequestFacts, candidates: list[ReplicaSnapshot], now_s: float) -> RoutingDecision:
         costs = self.costs(request, candidates, now_s)
-        scores = tuple((c.replica_id, s) for c, s in zip(candidates, costs, strict=True))
+        scores = tuple(zip([c.replica_id for c in candidates], costs, strict=True))
         if self.params.temperature == 0.0:
             best = min(range(len(candidates)), key=lambda i: (costs[i], candidates[i].replica_id))
             return RoutingDecision(candidates[best].replica_id, "dynamo_kv_cost (cost, lower wins)", scores)
