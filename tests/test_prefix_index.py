@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from twin.policies import ApproxPrefixIndex
+from twin.policies import ApproxPrefixIndex, ReplicaSnapshot, RequestFacts, build_router
+from twin.policies.cache_aware import SEARCH_MIN_CANDIDATES
+from twin.policies.prng import SplitMix64
 
 
 class ReferenceIndex:
@@ -96,7 +99,7 @@ def drive(ops, *, capacity: int, ttl: float | None, hashes) -> ApproxPrefixIndex
 @settings(max_examples=300, deadline=None)
 @given(ops=st.lists(op, max_size=40), capacity=st.integers(1, 30), ttl=st.sampled_from((None, 1.0, 4.0)))
 def test_matches_equal_the_scan_on_chained_hashes(ops, capacity, ttl) -> None:
-    drive(ops, capacity=capacity, ttl=ttl, hashes=chained)
+    assert drive(ops, capacity=capacity, ttl=ttl, hashes=chained)._search  # the search stayed on
 
 
 @settings(max_examples=300, deadline=None)
@@ -117,6 +120,46 @@ def test_chained_prompts_take_the_binary_search_and_conflicts_fall_back() -> Non
     assert not idx._prefix_closed((12345, a[1]))
     assert idx.match_blocks("r0", (12345, a[1]), 1.0) == 0
     # one block recorded after two different predecessors turns the search off for good
-    idx.record("r2", (a[1], a[1]), 2.0)
-    assert not idx._prefix_closed(a)
-    assert idx.match_many(("r0", "r1"), a, 3.0) == [4, 2]
+    idx.record("r2", (a[0], a[2]), 2.0)
+    assert not idx._search
+    assert idx.match_many(("r0", "r1", "r2"), a, 3.0) == [4, 2, 1]
+    # so does a prompt that repeats a block
+    again = ApproxPrefixIndex(capacity_blocks=100, ttl_s=None)
+    again.record("r0", (7, 8, 7), 0.0)
+    assert not again._search
+
+
+# ------------------------------------------------------------------------------- in the scoring routers
+def snapshot(i: int, waiting: int, kv: float, tokens: int) -> ReplicaSnapshot:
+    return ReplicaSnapshot(replica_id=f"r{i:02d}", region="us", model="m", pool="default", healthy=True,
+                           num_running=1, num_waiting=waiting, kv_usage=kv, outstanding_tokens=tokens,
+                           max_model_len=4096, scraped_at_s=0.0)
+
+
+def facts(n: int, prompt: tuple[int, ...]) -> RequestFacts:
+    return RequestFacts(request_id=f"q{n}", tenant="t", tier="paid", session_id=None, prompt_tokens=16 * len(prompt),
+                        expected_output_tokens=50, block_hashes=prompt, model="m", region=None,
+                        allowed_regions=None, needs_long_context=False)
+
+
+@pytest.mark.parametrize("kind", ["llm_d_scorer", "dynamo_kv_cost"])
+@pytest.mark.parametrize("size", [3, SEARCH_MIN_CANDIDATES + 6])
+def test_routers_decide_the_same_with_and_without_the_search(kind: str, size: int) -> None:
+    """Sessions sharing system prompts, small LRUs and a TTL: every decision and every score is the one
+    a router whose index always scans gives; the search is on exactly for the larger fleet."""
+    params = {"kind": kind, "index_capacity_blocks": 60, "index_ttl_s": 5.0}
+    fast, scan = build_router(params, seed=3), build_router(params, seed=3)
+    scan.index.stop_searching()  # type: ignore[attr-defined]
+    rng = SplitMix64(size)
+    systems = [[rng.randrange(50) for _ in range(6)] for _ in range(3)]
+    sessions = [list(systems[s % 3]) for s in range(12)]
+    for n in range(400):
+        session = sessions[rng.randrange(len(sessions))]
+        session.extend(rng.randrange(10**6) for _ in range(1 + rng.randrange(3)))
+        replicas = [snapshot(i, rng.randrange(4), rng.random(), rng.randrange(5000)) for i in range(size)]
+        request, now = facts(n, chained(session)), n * 0.05
+        a, b = fast.route(request, replicas, now), scan.route(request, replicas, now)
+        assert a == b
+        fast.on_routed(request, a.replica_id, now)  # type: ignore[arg-type]
+        scan.on_routed(request, b.replica_id, now)  # type: ignore[arg-type]
+    assert fast.index._search == (size >= SEARCH_MIN_CANDIDATES)  # type: ignore[attr-defined]

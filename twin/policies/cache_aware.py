@@ -32,11 +32,12 @@ class ApproxPrefixIndex:
     gives the same answer, i.e. when the blocks a replica holds form a prefix of the prompt. That holds
     for chained hashes (block k's hash determines block k-1's): a record stores a prompt's blocks leaf
     first, so a block's predecessor is always newer in the LRU and is evicted (capacity, TTL) after it.
-    To stay exact on any input, the index remembers each live block's predecessor as recorded
-    (``_pred``, reference counted over replicas); a query is binary searched only if no recorded block
-    ever had two different predecessors and each of the query's blocks that is recorded anywhere has
-    the query's previous block as its predecessor. Otherwise (hand-made hashes, a 64-bit collision) the
-    block-by-block scan runs, so the answer is always the scan's.
+    To stay exact on any input, the index remembers each recorded block's predecessor (``_pred``); a
+    query is binary searched only if no block was ever recorded with two different predecessors (nor
+    twice in one prompt) and each of the query's blocks that is in ``_pred`` has the query's previous
+    block as its predecessor. Otherwise (hand-made hashes, a 64-bit collision) the block-by-block scan
+    runs, so the answer is always the scan's. ``_pred`` is pruned to the blocks some LRU still holds
+    whenever it has doubled since the last prune (an entry no LRU holds only makes the check stricter).
     """
 
     def __init__(self, *, capacity_blocks: int, ttl_s: float | None) -> None:
@@ -45,9 +46,15 @@ class ApproxPrefixIndex:
         self.capacity_blocks = capacity_blocks
         self.ttl_s = ttl_s
         self._lru: dict[str, OrderedDict[int, float]] = {}
-        self._pred: dict[int, object] = {}  # block hash -> its predecessor when recorded
-        self._refs: dict[int, int] = {}  # block hash -> number of replica LRUs holding it
-        self._consistent = True  # no block was ever recorded with two different predecessors
+        self._pred: dict[int, object] = {}  # block hash -> the block recorded before it (_ROOT: first)
+        self._prune_at = 4 * capacity_blocks
+        # binary search allowed: no block was ever recorded after two different blocks, and the
+        # owner did not turn it off (stop_searching)
+        self._search = True
+        # the last prompt checked against _pred, and the answer: a host routes a prompt, then records
+        # it, and the check need not run twice while _pred is unchanged (it holds the prompt, so the
+        # identity test cannot be fooled by a recycled object)
+        self._checked: tuple[object, bool, int | None] = ((), True, None)
 
     def record(self, replica_id: str, block_hashes: Sequence[int], now_s: float) -> None:
         """Blocks were sent to ``replica_id`` at ``now_s``.
@@ -55,29 +62,54 @@ class ApproxPrefixIndex:
         Recorded leaf first, so the prefix root is the most recently used and is evicted last, as an
         engine evicts a freed request's blocks from the tail.
         """
+        if self._search and block_hashes:
+            self._note_chain(block_hashes)
         lru = self._lru.setdefault(replica_id, OrderedDict())
-        pred, refs = self._pred, self._refs
-        for k in range(len(block_hashes) - 1, -1, -1):
-            h = block_hashes[k]
-            before = block_hashes[k - 1] if k else _ROOT
-            if h in lru:
-                lru[h] = now_s
-                lru.move_to_end(h)
-                if pred[h] != before:
-                    self._consistent = False
-                continue
+        for h in reversed(block_hashes):
             lru[h] = now_s
-            n = refs.get(h)
-            if n is None:
-                refs[h] = 1
-                pred[h] = before
-            else:
-                refs[h] = n + 1
-                if pred[h] != before:
-                    self._consistent = False
+            lru.move_to_end(h)
         while len(lru) > self.capacity_blocks:
-            self._drop(lru.popitem(last=False)[0])
+            lru.popitem(last=False)
         self._expire(lru, now_s)
+
+    def _note_chain(self, block_hashes: Sequence[int]) -> None:
+        """Remember each block's predecessor; a conflict with an earlier record ends the binary search.
+
+        Runs on every routed request, so its work is whole-prompt ``map`` / ``update`` / ``set`` passes
+        in C, and in the usual case (the prompt's head recorded before, its tail new) only the tail is
+        inserted: a loop per block here cost more than the search saves.
+        """
+        ok, known = self._analyse(block_hashes)
+        pred = self._pred
+        if known is not None:
+            tail = block_hashes[known:]
+            if len(set(tail)) != len(tail):
+                self._conflict()
+                return
+        elif not ok or pred.get(block_hashes[0], _ROOT) is not _ROOT or len(set(block_hashes)) != len(block_hashes):
+            self._conflict()
+            return
+        else:
+            known = 0  # recorded blocks agree but are not one leading run: (re)insert them all
+        if known == len(block_hashes):
+            return
+        if known == 0:
+            pred[block_hashes[0]] = _ROOT
+            known = 1
+        pred.update(zip(block_hashes[known:], block_hashes[known - 1:-1]))
+        self._checked = ((), True, None)  # new entries: an answer cached before may have changed
+        if len(pred) > self._prune_at:
+            self._pred = pred = {h: pred[h] for lru in self._lru.values() for h in lru} | {
+                h: pred[h] for h in block_hashes}
+            self._prune_at = max(2 * len(pred), 4 * self.capacity_blocks)
+
+    def _conflict(self) -> None:
+        self.stop_searching()
+
+    def stop_searching(self) -> None:
+        """Scan every match from now on and keep no predecessors (answers are the same either way)."""
+        self._search = False
+        self._pred = {}
 
     def match_blocks(self, replica_id: str, block_hashes: Sequence[int], now_s: float) -> int:
         """How many leading blocks of the prompt the index believes are cached on ``replica_id``."""
@@ -85,7 +117,7 @@ class ApproxPrefixIndex:
 
     def match_many(self, replica_ids: Sequence[str], block_hashes: Sequence[int], now_s: float) -> list[int]:
         """``match_blocks`` for each replica in turn (expiring each one's LRU as it goes)."""
-        search = self._prefix_closed(block_hashes)
+        search = self._search and self._prefix_closed(block_hashes)
         out = []
         for rid in replica_ids:
             lru = self._lru.get(rid)
@@ -112,33 +144,39 @@ class ApproxPrefixIndex:
         return out
 
     def _prefix_closed(self, block_hashes: Sequence[int]) -> bool:
-        """Whether, in every LRU, the blocks of this prompt that are held form a leading run."""
-        if not self._consistent:
-            return False
-        if len(block_hashes) < 2:
-            return True
-        # pred.get(h, default=previous block): equal to the previous block exactly when h is not
-        # recorded anywhere or was recorded after it; map/compare keep this one pass in C
-        prev = list(block_hashes[:-1])
-        return list(map(self._pred.get, block_hashes[1:], prev)) == prev
+        """Each block of the prompt after the first that has a recorded predecessor has the prompt's
+        previous block."""
+        return len(block_hashes) < 2 or self._analyse(block_hashes)[0]
+
+    def _analyse(self, block_hashes: Sequence[int]) -> tuple[bool, int | None]:
+        """``(closed, known)``: closed as in ``_prefix_closed``; ``known`` = k when exactly the first k
+        blocks are recorded, each after the prompt's previous block (the first as a root), else None.
+        The answer for the last prompt is kept while ``_pred`` does not change."""
+        last, ok, known = self._checked
+        if last is block_hashes:
+            return ok, known
+        pred = self._pred
+        before = [_ROOT, *block_hashes[:-1]]
+        recorded = list(map(pred.get, block_hashes))  # None: never recorded
+        try:
+            known = recorded.index(None)
+        except ValueError:
+            known = len(recorded)
+        if recorded[:known] == before[:known] and recorded.count(None) == len(recorded) - known:
+            ok = True
+        else:
+            known = None
+            # pred.get(h, default=previous block) is the previous block exactly when h is unrecorded
+            # or was recorded after it
+            ok = list(map(pred.get, block_hashes[1:], before[1:])) == before[1:]
+        self._checked = (block_hashes, ok, known)
+        return ok, known
 
     def forget(self, replica_id: str) -> None:
-        lru = self._lru.pop(replica_id, None)
-        if lru:
-            for h in lru:
-                self._drop(h)
+        self._lru.pop(replica_id, None)
 
     def size(self, replica_id: str) -> int:
         return len(self._lru.get(replica_id, ()))
-
-    def _drop(self, h: int) -> None:
-        """One LRU let go of ``h``."""
-        n = self._refs[h] - 1
-        if n:
-            self._refs[h] = n
-        else:
-            del self._refs[h]
-            del self._pred[h]
 
     def _expire(self, lru: OrderedDict[int, float], now_s: float) -> None:
         if self.ttl_s is None:
@@ -148,12 +186,17 @@ class ApproxPrefixIndex:
             if now_s - t <= self.ttl_s:
                 break
             del lru[h]
-            self._drop(h)
 
 
 class _PrefixIndexParams(RouterParams):
     index_capacity_blocks: int = Field(31_250, ge=1, description="LRU capacity per replica, in blocks")
     index_ttl_s: float | None = Field(600.0, gt=0, description="forget a block this long after last use")
+
+
+# Below this many candidates in its first decision, a router's index scans instead of binary searching:
+# the search's bookkeeping (a dict pass over each routed prompt) then costs about what it saves (measured
+# in the fleet benchmark: a wash at ~14 candidates a decision, a loss at ~4).
+SEARCH_MIN_CANDIDATES = 24
 
 
 class _PrefixIndexRouter(BaseRouter):
@@ -163,6 +206,14 @@ class _PrefixIndexRouter(BaseRouter):
         super().__init__(params, seed=seed)
         self.index = ApproxPrefixIndex(capacity_blocks=self.params.index_capacity_blocks,
                                        ttl_s=self.params.index_ttl_s)
+        self._index_sized = False
+
+    def _size_index(self, num_candidates: int) -> None:
+        """On the first decision, keep the index's binary search only for a fleet large enough to pay."""
+        if not self._index_sized:
+            self._index_sized = True
+            if num_candidates < SEARCH_MIN_CANDIDATES:
+                self.index.stop_searching()
 
     def _observe(self, replicas: Sequence[ReplicaSnapshot], now_s: float) -> None:
         for r in replicas:
@@ -212,6 +263,7 @@ class LlmDScorerRouter(_PrefixIndexRouter):
         return out
 
     def _choose(self, request: RequestFacts, candidates: list[ReplicaSnapshot], now_s: float) -> RoutingDecision:
+        self._size_index(len(candidates))
         totals = self.scores(request, candidates, now_s)
         best = min(range(len(candidates)), key=lambda i: (-totals[i], candidates[i].replica_id))
         scores = tuple(zip([c.replica_id for c in candidates], totals, strict=True))
@@ -254,6 +306,7 @@ class DynamoKvCostRouter(_PrefixIndexRouter):
         return out
 
     def _choose(self, request: RequestFacts, candidates: list[ReplicaSnapshot], now_s: float) -> RoutingDecision:
+        self._size_index(len(candidates))
         costs = self.costs(request, candidates, now_s)
         scores = tuple(zip([c.replica_id for c in candidates], costs, strict=True))
         if self.params.temperature == 0.0:
