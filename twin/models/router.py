@@ -58,6 +58,10 @@ class Router:
         self._by_model: dict[str, list[int]] = {}
         for i, h in enumerate(replicas):
             self._by_model.setdefault(h.model, []).append(i)
+        # (model, allowed regions, pool) -> indices of the healthy replicas there, in handle order. Health,
+        # region and pool change only at a scrape, a passive health mark or a new replica, which clear it;
+        # a dispatch then filters only that short list for room, not every replica of the model.
+        self._placed: dict[tuple, list[int]] = {}
         self.decisions = 0
         self.scrape()
 
@@ -81,6 +85,7 @@ class Router:
                 outstanding_tokens=h.outstanding_tokens, max_model_len=h.max_model_len, scraped_at_s=now))
             h.pending_since_scrape = 0
         self.snapshots = snaps
+        self._placed.clear()
 
     def candidates(self, model: str, allowed_regions: Sequence[str] | None, max_waiting: int,
                    pool: str | None = None) -> list[ReplicaSnapshot]:
@@ -88,18 +93,18 @@ class Router:
         room for one more. Room: scraped waiting + requests routed there since the scrape < ``max_waiting``
         (0 = no limit).
         """
-        out = []
-        snaps, handles = self.snapshots, self.handles
-        for i in self._by_model.get(model, ()):
-            s = snaps[i]
-            if not s.healthy or (pool is not None and s.pool != pool):
-                continue
-            if allowed_regions is not None and s.region not in allowed_regions:
-                continue
-            if max_waiting and s.num_waiting + handles[i].pending_since_scrape >= max_waiting:
-                continue
-            out.append(s)
-        return out
+        snaps = self.snapshots
+        key = (model, None if allowed_regions is None else tuple(allowed_regions), pool)
+        placed = self._placed.get(key)
+        if placed is None:
+            placed = self._placed[key] = [
+                i for i in self._by_model.get(model, ())
+                if snaps[i].healthy and (pool is None or snaps[i].pool == pool)
+                and (allowed_regions is None or snaps[i].region in allowed_regions)]
+        if not max_waiting:
+            return [snaps[i] for i in placed]
+        handles = self.handles
+        return [snaps[i] for i in placed if snaps[i].num_waiting + handles[i].pending_since_scrape < max_waiting]
 
     def route(self, facts: RequestFacts, candidates: list[ReplicaSnapshot]) -> RoutingDecision:
         self.decisions += 1
@@ -131,6 +136,7 @@ class Router:
         """Passive health check: a connection failure marks the replica down before the next scrape."""
         h = self.by_id[replica_id]
         self.snapshots[h.index] = dataclasses.replace(self.snapshots[h.index], healthy=False)
+        self._placed.clear()
 
     def add_replica(self, h: ReplicaHandle) -> None:
         """New capacity joins; it is visible to the policy from the next scrape."""
@@ -141,3 +147,4 @@ class Router:
             replica_id=h.scope, region=h.region, model=h.model, pool=h.pool, healthy=h.replica.healthy,
             num_running=len(eng.running), num_waiting=len(eng.waiting), kv_usage=0.0, outstanding_tokens=0,
             max_model_len=h.max_model_len, scraped_at_s=self.env.now))
+        self._placed.clear()

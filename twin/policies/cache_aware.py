@@ -20,8 +20,25 @@ from twin.policies.routing import ROUTERS, BaseRouter, RouterParams
 from twin.policies.types import ReplicaSnapshot, RequestFacts, RoutingDecision
 
 
+_ROOT = object()  # the predecessor recorded for a prompt's first block
+
+
 class ApproxPrefixIndex:
-    """Per replica, an LRU of block hashes this router sent there, with capacity and aging."""
+    """Per replica, an LRU of block hashes this router sent there, with capacity and aging.
+
+    A match is the number of *leading* prompt blocks found in a replica's LRU; done block by block it
+    costs as many lookups as the prompt shares with the replica (every replica holds a shared system
+    prompt), for every candidate of every decision. It is found by binary search instead when that
+    gives the same answer, i.e. when the blocks a replica holds form a prefix of the prompt. That holds
+    for chained hashes (block k's hash determines block k-1's): a record stores a prompt's blocks leaf
+    first, so a block's predecessor is always newer in the LRU and is evicted (capacity, TTL) after it.
+    To stay exact on any input, the index remembers each recorded block's predecessor (``_pred``); a
+    query is binary searched only if no block was ever recorded with two different predecessors (nor
+    twice in one prompt) and each of the query's blocks that is in ``_pred`` has the query's previous
+    block as its predecessor. Otherwise (hand-made hashes, a 64-bit collision) the block-by-block scan
+    runs, so the answer is always the scan's. ``_pred`` is pruned to the blocks some LRU still holds
+    whenever it has doubled since the last prune (an entry no LRU holds only makes the check stricter).
+    """
 
     def __init__(self, *, capacity_blocks: int, ttl_s: float | None) -> None:
         if capacity_blocks < 1:
@@ -29,6 +46,15 @@ class ApproxPrefixIndex:
         self.capacity_blocks = capacity_blocks
         self.ttl_s = ttl_s
         self._lru: dict[str, OrderedDict[int, float]] = {}
+        self._pred: dict[int, object] = {}  # block hash -> the block recorded before it (_ROOT: first)
+        self._prune_at = 4 * capacity_blocks
+        # binary search allowed: no block was ever recorded after two different blocks, and the
+        # owner did not turn it off (stop_searching)
+        self._search = True
+        # the last prompt checked against _pred, and the answer: a host routes a prompt, then records
+        # it, and the check need not run twice while _pred is unchanged (it holds the prompt, so the
+        # identity test cannot be fooled by a recycled object)
+        self._checked: tuple[object, bool, int | None] = ((), True, None)
 
     def record(self, replica_id: str, block_hashes: Sequence[int], now_s: float) -> None:
         """Blocks were sent to ``replica_id`` at ``now_s``.
@@ -36,6 +62,8 @@ class ApproxPrefixIndex:
         Recorded leaf first, so the prefix root is the most recently used and is evicted last, as an
         engine evicts a freed request's blocks from the tail.
         """
+        if self._search and block_hashes:
+            self._note_chain(block_hashes)
         lru = self._lru.setdefault(replica_id, OrderedDict())
         for h in reversed(block_hashes):
             lru[h] = now_s
@@ -44,18 +72,105 @@ class ApproxPrefixIndex:
             lru.popitem(last=False)
         self._expire(lru, now_s)
 
+    def _note_chain(self, block_hashes: Sequence[int]) -> None:
+        """Remember each block's predecessor; a conflict with an earlier record ends the binary search.
+
+        Runs on every routed request, so its work is whole-prompt ``map`` / ``update`` / ``set`` passes
+        in C, and in the usual case (the prompt's head recorded before, its tail new) only the tail is
+        inserted: a loop per block here cost more than the search saves.
+        """
+        ok, known = self._analyse(block_hashes)
+        pred = self._pred
+        if known is not None:
+            tail = block_hashes[known:]
+            if len(set(tail)) != len(tail):
+                self._conflict()
+                return
+        elif not ok or pred.get(block_hashes[0], _ROOT) is not _ROOT or len(set(block_hashes)) != len(block_hashes):
+            self._conflict()
+            return
+        else:
+            known = 0  # recorded blocks agree but are not one leading run: (re)insert them all
+        if known == len(block_hashes):
+            return
+        if known == 0:
+            pred[block_hashes[0]] = _ROOT
+            known = 1
+        pred.update(zip(block_hashes[known:], block_hashes[known - 1:-1]))
+        self._checked = ((), True, None)  # new entries: an answer cached before may have changed
+        if len(pred) > self._prune_at:
+            self._pred = pred = {h: pred[h] for lru in self._lru.values() for h in lru} | {
+                h: pred[h] for h in block_hashes}
+            self._prune_at = max(2 * len(pred), 4 * self.capacity_blocks)
+
+    def _conflict(self) -> None:
+        self.stop_searching()
+
+    def stop_searching(self) -> None:
+        """Scan every match from now on and keep no predecessors (answers are the same either way)."""
+        self._search = False
+        self._pred = {}
+
     def match_blocks(self, replica_id: str, block_hashes: Sequence[int], now_s: float) -> int:
         """How many leading blocks of the prompt the index believes are cached on ``replica_id``."""
-        lru = self._lru.get(replica_id)
-        if not lru:
-            return 0
-        self._expire(lru, now_s)
-        n = 0
-        for h in block_hashes:
-            if h not in lru:
-                break
-            n += 1
-        return n
+        return self.match_many((replica_id,), block_hashes, now_s)[0]
+
+    def match_many(self, replica_ids: Sequence[str], block_hashes: Sequence[int], now_s: float) -> list[int]:
+        """``match_blocks`` for each replica in turn (expiring each one's LRU as it goes)."""
+        search = self._search and self._prefix_closed(block_hashes)
+        out = []
+        for rid in replica_ids:
+            lru = self._lru.get(rid)
+            if not lru:
+                out.append(0)
+                continue
+            self._expire(lru, now_s)
+            if search:
+                lo, hi = 0, len(block_hashes)
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if block_hashes[mid] in lru:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                out.append(lo)
+                continue
+            n = 0
+            for h in block_hashes:
+                if h not in lru:
+                    break
+                n += 1
+            out.append(n)
+        return out
+
+    def _prefix_closed(self, block_hashes: Sequence[int]) -> bool:
+        """Each block of the prompt after the first that has a recorded predecessor has the prompt's
+        previous block."""
+        return len(block_hashes) < 2 or self._analyse(block_hashes)[0]
+
+    def _analyse(self, block_hashes: Sequence[int]) -> tuple[bool, int | None]:
+        """``(closed, known)``: closed as in ``_prefix_closed``; ``known`` = k when exactly the first k
+        blocks are recorded, each after the prompt's previous block (the first as a root), else None.
+        The answer for the last prompt is kept while ``_pred`` does not change."""
+        last, ok, known = self._checked
+        if last is block_hashes:
+            return ok, known
+        pred = self._pred
+        before = [_ROOT, *block_hashes[:-1]]
+        recorded = list(map(pred.get, block_hashes))  # None: never recorded
+        try:
+            known = recorded.index(None)
+        except ValueError:
+            known = len(recorded)
+        if recorded[:known] == before[:known] and recorded.count(None) == len(recorded) - known:
+            ok = True
+        else:
+            known = None
+            # pred.get(h, default=previous block) is the previous block exactly when h is unrecorded
+            # or was recorded after it
+            ok = list(map(pred.get, block_hashes[1:], before[1:])) == before[1:]
+        self._checked = (block_hashes, ok, known)
+        return ok, known
 
     def forget(self, replica_id: str) -> None:
         self._lru.pop(replica_id, None)
@@ -78,6 +193,12 @@ class _PrefixIndexParams(RouterParams):
     index_ttl_s: float | None = Field(600.0, gt=0, description="forget a block this long after last use")
 
 
+# Below this many candidates in its first decision, a router's index scans instead of binary searching:
+# the search's bookkeeping (a dict pass over each routed prompt) then costs about what it saves (measured
+# in the fleet benchmark: a wash at ~14 candidates a decision, a loss at ~4).
+SEARCH_MIN_CANDIDATES = 24
+
+
 class _PrefixIndexRouter(BaseRouter):
     params: _PrefixIndexParams
 
@@ -85,6 +206,14 @@ class _PrefixIndexRouter(BaseRouter):
         super().__init__(params, seed=seed)
         self.index = ApproxPrefixIndex(capacity_blocks=self.params.index_capacity_blocks,
                                        ttl_s=self.params.index_ttl_s)
+        self._index_sized = False
+
+    def _size_index(self, num_candidates: int) -> None:
+        """On the first decision, keep the index's binary search only for a fleet large enough to pay."""
+        if not self._index_sized:
+            self._index_sized = True
+            if num_candidates < SEARCH_MIN_CANDIDATES:
+                self.index.stop_searching()
 
     def _observe(self, replicas: Sequence[ReplicaSnapshot], now_s: float) -> None:
         for r in replicas:
@@ -123,18 +252,21 @@ class LlmDScorerRouter(_PrefixIndexRouter):
         n_blocks = len(request.block_hashes)
         q = [c.num_waiting for c in candidates]
         q_lo, q_hi = min(q), max(q)
+        matched = (self.index.match_many([c.replica_id for c in candidates], request.block_hashes, now_s) if n_blocks
+                   else [0] * len(candidates))
         out = []
-        for c in candidates:
-            prefix = self.index.match_blocks(c.replica_id, request.block_hashes, now_s) / n_blocks if n_blocks else 0.0
+        for c, m in zip(candidates, matched, strict=True):
+            prefix = m / n_blocks if n_blocks else 0.0
             queue = 1.0 if q_hi == q_lo else (q_hi - c.num_waiting) / (q_hi - q_lo)
             kv = 1.0 - c.kv_usage
             out.append(p.prefix_weight * prefix + p.queue_weight * queue + p.kv_usage_weight * kv)
         return out
 
     def _choose(self, request: RequestFacts, candidates: list[ReplicaSnapshot], now_s: float) -> RoutingDecision:
+        self._size_index(len(candidates))
         totals = self.scores(request, candidates, now_s)
         best = min(range(len(candidates)), key=lambda i: (-totals[i], candidates[i].replica_id))
-        scores = tuple((c.replica_id, s) for c, s in zip(candidates, totals, strict=True))
+        scores = tuple(zip([c.replica_id for c in candidates], totals, strict=True))
         return RoutingDecision(candidates[best].replica_id, "llm_d_scorer (score, higher wins)", scores)
 
 
@@ -165,16 +297,18 @@ class DynamoKvCostRouter(_PrefixIndexRouter):
         p = self.params
         bs = p.block_size_tokens
         prompt_blocks = math.ceil(request.prompt_tokens / bs)
+        matched = self.index.match_many([c.replica_id for c in candidates], request.block_hashes, now_s)
         out = []
-        for c in candidates:
-            cached = min(self.index.match_blocks(c.replica_id, request.block_hashes, now_s), prompt_blocks)
+        for c, m in zip(candidates, matched, strict=True):
+            cached = min(m, prompt_blocks)
             decode = math.ceil(c.outstanding_tokens / bs) + prompt_blocks
             out.append(p.overlap_score_weight * (prompt_blocks - cached) + decode)
         return out
 
     def _choose(self, request: RequestFacts, candidates: list[ReplicaSnapshot], now_s: float) -> RoutingDecision:
+        self._size_index(len(candidates))
         costs = self.costs(request, candidates, now_s)
-        scores = tuple((c.replica_id, s) for c, s in zip(candidates, costs, strict=True))
+        scores = tuple(zip([c.replica_id for c in candidates], costs, strict=True))
         if self.params.temperature == 0.0:
             best = min(range(len(candidates)), key=lambda i: (costs[i], candidates[i].replica_id))
             return RoutingDecision(candidates[best].replica_id, "dynamo_kv_cost (cost, lower wins)", scores)
