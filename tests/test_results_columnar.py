@@ -248,3 +248,91 @@ def test_an_empty_run_gives_empty_tables_of_the_same_schema():
     rec = Recorder()
     events = events_table(rec)
     assert_same_table(requests_table(events, {}, {}), reference_requests_table(events, {}, {}))
+
+
+def reference_weighted_quantiles(values, weights, qs):
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0:
+        return [float("nan")] * len(qs)
+    w = np.ones_like(v) if weights is None else np.asarray(weights, dtype=np.float64)
+    order = np.argsort(v, kind="stable")
+    v, w = v[order], w[order]
+    cw = np.cumsum(w)
+    total = cw[-1]
+    return [float(v[min(int(np.searchsorted(cw, q * total, side="left")), v.size - 1)]) for q in qs]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0.0, 0.01, 0.02, 0.5, math.inf, 1e-9]) | st.floats(0, 2, allow_nan=False),
+                          st.integers(0, 50)), min_size=0, max_size=80), st.booleans())
+def test_weighted_quantiles_match_the_sorted_copy_definition(pairs, weighted):
+    from twin.metrics import weighted_quantiles
+
+    v = [p[0] for p in pairs]
+    w = [p[1] for p in pairs] if weighted else None
+    qs = (0.0, 0.5, 0.9, 0.95, 0.99, 1.0)
+    assert same_values(weighted_quantiles(np.array(v), w, qs), reference_weighted_quantiles(v, w, qs))
+
+
+def reference_itl_by_group(engines):
+    vals, wts, gids = [], [], []
+    order = {}
+    for e in engines:
+        v = np.asarray(e.itl_values, dtype=np.float64)
+        if v.size == 0:
+            continue
+        g = e.itl_groups
+        if g is None or len(g) == 0:
+            codes, labels = np.zeros(v.size, dtype=np.int64), [None]
+        else:
+            codes, labels = np.asarray(g.codes, dtype=np.int64), g.labels
+        present, first = np.unique(codes, return_index=True)
+        for c in present[np.argsort(first, kind="stable")]:
+            order.setdefault(labels[c], len(order))
+        to_global = np.array([order.get(x, -1) for x in labels], dtype=np.int64)
+        vals.append(v)
+        wts.append(np.asarray(e.itl_weights, dtype=np.float64))
+        gids.append(to_global[codes])
+    if not vals:
+        return {}
+    v, w, gid = np.concatenate(vals), np.concatenate(wts), np.concatenate(gids)
+    idx = np.argsort(gid, kind="stable")
+    v, w, gid = v[idx], w[idx], gid[idx]
+    bounds = np.searchsorted(gid, np.arange(len(order) + 1))
+    return {label: (v[bounds[i]:bounds[i + 1]], w[bounds[i]:bounds[i + 1]]) for label, i in order.items()}
+
+
+class _Engine:
+    def __init__(self, gaps, track_groups):
+        from array import array
+
+        from twin.models.engine_parts import GroupColumn
+
+        self.itl_values = array("d", [g[0] for g in gaps])
+        self.itl_weights = array("I", [g[1] for g in gaps])
+        self.itl_groups = None
+        if track_groups:
+            self.itl_groups = GroupColumn()
+            self.itl_groups.extend([g[2] for g in gaps])
+
+
+gap_st = st.tuples(st.floats(0.0, 1.0, allow_nan=False), st.integers(1, 9), st.sampled_from(["free", "pro", None, "ent"]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.lists(gap_st, max_size=30), st.booleans()), max_size=6))
+def test_fleet_itl_groups_match_the_concatenate_and_sort_definition(engines_spec):
+    from twin.fleet_summary import _itl_by_group
+    from twin.metrics import distribution
+
+    engines = [_Engine(gaps, track) for gaps, track in engines_spec]
+    by_group, all_v, all_w = _itl_by_group(engines)
+    want = reference_itl_by_group(engines)
+    assert list(by_group) == list(want)
+    for label, (v, w) in want.items():
+        assert by_group[label][0].tolist() == v.tolist() and by_group[label][1].tolist() == w.tolist()
+        assert distribution(*by_group[label]) == distribution(v, w)
+    ref_v = np.concatenate([v for v, _ in want.values()]) if want else []
+    ref_w = np.concatenate([w for _, w in want.values()]) if want else []
+    assert all_v.tolist() == list(ref_v) and all_w.tolist() == list(ref_w)
+    assert same_values(list(distribution(all_v, all_w).values()), list(distribution(ref_v, ref_w).values()))

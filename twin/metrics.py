@@ -28,15 +28,20 @@ def weighted_quantiles(values: np.ndarray, weights: np.ndarray | None, qs: tuple
     v = np.asarray(values, dtype=np.float64)
     if v.size == 0:
         return [float("nan")] * len(qs)
-    w = np.ones_like(v) if weights is None else np.asarray(weights, dtype=np.float64)
     order = np.argsort(v, kind="stable")
-    v, w = v[order], w[order]
-    cw = np.cumsum(w)
+    # The cumulative weight in value order, computed in place, and the values read through ``order`` at
+    # the few quantile positions only: a fleet's inter-token gaps are hundreds of millions of values, and
+    # sorted copies of values and weights would double this function's memory.
+    if weights is None:
+        cw = np.arange(1, v.size + 1, dtype=np.float64)  # the running sum of ones, exactly
+    else:
+        cw = np.asarray(weights, dtype=np.float64)[order]
+        np.cumsum(cw, out=cw)
     total = cw[-1]
     out = []
     for q in qs:
         idx = int(np.searchsorted(cw, q * total, side="left"))
-        out.append(float(v[min(idx, v.size - 1)]))
+        out.append(float(v[order[min(idx, v.size - 1)]]))
     return out
 
 

@@ -76,7 +76,7 @@ def iterations_table(rec: Recorder) -> pa.Table:
 ATTR_COLUMNS = ("tier", "tenant", "klass", "region")
 
 
-def _codes(col) -> tuple[np.ndarray, list]:
+def string_codes(col) -> tuple[np.ndarray, list]:
     """Dictionary-encode a string column: int64 codes in first-seen order (-1 for null) and the labels."""
     enc = pc.dictionary_encode(col)
     if isinstance(enc, pa.ChunkedArray):
@@ -121,8 +121,8 @@ def requests_table(events: pa.Table, token_times: dict[str, list[float]] | None 
     """
     keep = pc.and_(pc.is_valid(events.column("request_id")), pc.starts_with(events.column("kind"), "request."))
     ev = events.filter(keep)
-    kind, kind_labels = _codes(ev.column("kind"))
-    group, ids = _codes(ev.column("request_id"))  # groups in order of first appearance
+    kind, kind_labels = string_codes(ev.column("kind"))
+    group, ids = string_codes(ev.column("request_id"))  # groups in order of first appearance
     n = len(ids)
     t = ev.column("t_s").to_numpy().astype(np.float64, copy=False) if ev.num_rows else np.zeros(0)
     value_col = ev.column("value")
@@ -235,8 +235,8 @@ OUTCOMES = ("completed", "rejected", "cancelled", "abandoned", "failed", "unfini
 def summarize(*, requests: pa.Table, itl_values: list[float], itl_weights: list[int], counters: dict[str, int],
               kv_usage_mean: float, sim_time_s: float, wall_s: float, slo_ttft_s: float, slo_itl_s: float) -> dict:
     n = requests.num_rows
-    outcome, outcome_labels = _codes(requests.column("outcome"))
-    reason, reason_labels = _codes(requests.column("reason"))
+    outcome, outcome_labels = string_codes(requests.column("outcome"))
+    reason, reason_labels = string_codes(requests.column("reason"))
     per_outcome = np.bincount(outcome + 1, minlength=len(outcome_labels) + 1)[1:]
     counts: dict[str, int] = {"arrived": n}
     for o in OUTCOMES:
