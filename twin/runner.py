@@ -38,6 +38,9 @@ class RunResult:
     summary: dict[str, Any] = field(default_factory=dict)
     manifest: dict[str, Any] = field(default_factory=dict)
     world: Any = field(default=None, repr=False)  # the simulated world, for tests and replay; not serialised
+    # process CPU seconds of the run's phases ("simulate": build and run the world; "tabulate": tables and
+    # summary), for the benchmarks; not serialised, not a result
+    cpu_s: dict[str, float] = field(default_factory=dict, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -190,8 +193,10 @@ def run_scenario(scenario: Scenario, *, seed: int | None = None, replication: in
 
 
 def _run_single(scenario, seed, replication, result, t0, specs, step_model) -> None:
+    c0 = time.process_time()
     world = SingleReplicaRun(scenario, seed=seed, replication=replication, specs=specs, step_model=step_model)
     world.run(scenario.horizon_s)
+    c1 = time.process_time()
     end = world.env.now
     world.rec.close_levels(end)
     events = events_table(world.rec)
@@ -207,14 +212,17 @@ def _run_single(scenario, seed, replication, result, t0, specs, step_model) -> N
         sim_time_s=end, wall_s=time.perf_counter() - t0, slo_ttft_s=scenario.slo.ttft_s, slo_itl_s=scenario.slo.itl_s)
     result.summary["num_gpu_blocks"] = world.cfg.num_gpu_blocks
     result.world = world
+    result.cpu_s = {"simulate": c1 - c0, "tabulate": time.process_time() - c1}
 
 
 def _run_fleet(scenario, seed, replication, result, t0) -> None:
     from twin.fleet_summary import fleet_summary
     from twin.models.fleet import FleetWorld
 
+    c0 = time.process_time()
     world = FleetWorld(scenario, seed=seed, replication=replication)
     world.run(scenario.horizon_s)
+    c1 = time.process_time()
     end = world.env.now
     world.rec.close_levels(end)
     events = events_table(world.rec)
@@ -224,3 +232,4 @@ def _run_fleet(scenario, seed, replication, result, t0) -> None:
         result.tables["iterations"] = iterations_table(world.rec)
     result.summary = fleet_summary(world, reqs, end_s=end, wall_s=time.perf_counter() - t0, slo=scenario.slo)
     result.world = world
+    result.cpu_s = {"simulate": c1 - c0, "tabulate": time.process_time() - c1}
