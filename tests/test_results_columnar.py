@@ -116,7 +116,7 @@ def reference_outcome_counts(requests: pa.Table) -> tuple[dict, dict]:
 def same_values(x, y) -> bool:
     if isinstance(x, float) and isinstance(y, float):
         return x == y or (x != x and y != y)
-    if isinstance(x, list) and isinstance(y, list):
+    if isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
         return len(x) == len(y) and all(same_values(a, b) for a, b in zip(x, y))
     return type(x) is type(y) and x == y
 
@@ -336,3 +336,46 @@ def test_fleet_itl_groups_match_the_concatenate_and_sort_definition(engines_spec
     ref_w = np.concatenate([w for _, w in want.values()]) if want else []
     assert all_v.tolist() == list(ref_v) and all_w.tolist() == list(ref_w)
     assert same_values(list(distribution(all_v, all_w).values()), list(distribution(ref_v, ref_w).values()))
+
+
+part_st = st.lists(st.tuples(
+    st.sampled_from([0.0, 0.01, 0.02, 0.5, math.inf, -1.5, 5e-324, 1e300]) | st.floats(-2, 2, allow_nan=False),
+    st.integers(0, 9), st.integers(0, 2)), max_size=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(part_st, max_size=5))
+def test_grouped_quantiles_match_quantiles_of_the_concatenated_sample(parts_spec):
+    from twin.metrics import grouped_weighted_quantiles, weighted_quantiles
+
+    parts = [(np.array([x[0] for x in p], dtype=np.float64), np.array([x[1] for x in p], dtype=np.float64),
+              np.array([x[2] for x in p], dtype=np.int64)) for p in parts_spec]
+    qs = (0.0, 0.5, 0.9, 0.95, 0.99, 1.0)
+    got = grouped_weighted_quantiles(lambda: iter(parts), 3, qs)
+    v = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0)
+    w = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0)
+    g = np.concatenate([p[2] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
+    if (np.signbit(v) & (v == 0)).any():  # -0.0: the sorted order of equal values decides; declined
+        assert got is None
+        return
+    want = [weighted_quantiles(v, w, qs)] + [weighted_quantiles(v[g == k], w[g == k], qs) for k in range(3)]
+    assert same_values(got, want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.lists(gap_st, max_size=30), st.booleans()), max_size=6), st.booleans())
+def test_fleet_itl_distributions_match_distribution_of_the_concatenated_gaps(engines_spec, with_nan):
+    from twin.fleet_summary import _itl_distributions
+    from twin.metrics import distribution
+
+    engines = [_Engine(gaps, track) for gaps, track in engines_spec]
+    if with_nan and engines and len(engines[0].itl_values):
+        engines[0].itl_values[0] = math.nan  # takes the concatenating fallback
+    whole, groups = _itl_distributions(engines)
+    want = reference_itl_by_group(engines)
+    assert list(groups) == list(want)
+    for label, (v, w) in want.items():
+        assert same_values(list(groups[label].items()), list(distribution(v, w).items()))
+    ref_v = np.concatenate([v for v, _ in want.values()]) if want else []
+    ref_w = np.concatenate([w for _, w in want.values()]) if want else []
+    assert same_values(list(whole.items()), list(distribution(ref_v, ref_w).items()))

@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from twin.metrics import distribution
+from twin.metrics import PERCENTILES, distribution, grouped_weighted_quantiles
 from twin.results import string_codes, summarize
 
 
@@ -26,22 +26,9 @@ def _engine_codes(e) -> tuple[np.ndarray, list]:
 def _itl_by_group(engines) -> tuple[dict[str | None, tuple[np.ndarray, np.ndarray]], np.ndarray, np.ndarray]:
     """Every engine's inter-token gaps and weights by group label: groups in first-seen order (engines in
     order, gaps in order), each group's gaps in engine-then-record order. Returns the per-group arrays and
-    the whole sample (all groups, in that order), the former being slices of the latter.
-
-    Written into one preallocated pair of arrays, group by group, rather than concatenated and then sorted
-    by group: a fleet run has ~100 gaps per turn (~300 M at full scale), and each full-size temporary is
-    8 bytes a gap."""
-    order: dict[str | None, int] = {}
-    plan = []  # (engine, its labels' global ids, gaps per label)
-    for e in engines:
-        if len(e.itl_values) == 0:
-            continue
-        codes, labels = _engine_codes(e)
-        present, first = np.unique(codes, return_index=True)
-        for c in present[np.argsort(first, kind="stable")]:  # this engine's labels in first-seen order
-            order.setdefault(labels[c], len(order))
-        to_global = np.array([order.get(x, -1) for x in labels], dtype=np.int64)
-        plan.append((e, to_global, np.bincount(codes, minlength=len(labels))))
+    the whole sample (all groups, in that order), the former being slices of the latter: the plain
+    definition, which ``_itl_distributions`` falls back on (16 bytes a gap)."""
+    order, plan = _itl_plan(engines)
     if not plan:
         return {}, np.zeros(0), np.zeros(0)
     sizes = np.zeros(len(order), dtype=np.int64)
@@ -65,12 +52,85 @@ def _itl_by_group(engines) -> tuple[dict[str | None, tuple[np.ndarray, np.ndarra
     return by_group, v_all, w_all
 
 
+def _itl_plan(engines):
+    """Gap groups in first-seen order (engines in order, gaps in order) and, per engine with gaps, its
+    labels' global group ids and its gap count per label."""
+    order: dict[str | None, int] = {}
+    plan = []
+    for e in engines:
+        if len(e.itl_values) == 0:
+            continue
+        codes, labels = _engine_codes(e)
+        present, first = np.unique(codes, return_index=True)
+        for c in present[np.argsort(first, kind="stable")]:  # this engine's labels in first-seen order
+            order.setdefault(labels[c], len(order))
+        to_global = np.array([order.get(x, -1) for x in labels], dtype=np.int64)
+        plan.append((e, to_global, np.bincount(codes, minlength=len(labels))))
+    return order, plan
+
+
+def _itl_distributions(engines) -> tuple[dict, dict[str | None, dict]]:
+    """The ``distribution`` of every engine's inter-token gaps, and of each group's: the same dicts as
+    ``distribution`` gives on the gaps concatenated group by group (groups in first-seen order, each
+    group's gaps in engine-then-record order), without concatenating them.
+
+    A fleet run has ~100 gaps per turn (~300 M at full scale); concatenated, sorted by group and then
+    sorted by value, each full-size copy cost 8 bytes a gap. Now the only full-size array is the weighted
+    gaps (value x weight) in that order, because the mean's sum depends on the order; the quantiles come
+    from ``grouped_weighted_quantiles``, which reads the engines' own columns."""
+    order, plan = _itl_plan(engines)
+    if not plan:
+        return distribution([]), {}
+    sizes = np.zeros(len(order), dtype=np.int64)
+    for _e, to_global, counts in plan:
+        np.add.at(sizes, to_global[counts > 0], counts[counts > 0])
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    weighted = np.empty(int(bounds[-1]), dtype=np.float64)
+    weight = np.zeros(len(order), dtype=np.float64)  # whole numbers: exact in any order
+    cursor = bounds[:-1].copy()
+    for e, to_global, counts in plan:
+        codes, _labels = _engine_codes(e)
+        v = np.asarray(e.itl_values, dtype=np.float64)
+        w = np.asarray(e.itl_weights, dtype=np.float64)
+        for c in np.flatnonzero(counts):
+            g, k = to_global[c], int(counts[c])
+            sel = slice(None) if k == v.size else codes == c
+            np.multiply(v[sel], w[sel], out=weighted[cursor[g]:cursor[g] + k])
+            weight[g] += w[sel].sum()
+            cursor[g] += k
+
+    def parts():
+        for e, to_global, _counts in plan:
+            codes, _labels = _engine_codes(e)
+            yield (np.asarray(e.itl_values, dtype=np.float64), np.asarray(e.itl_weights, dtype=np.float64),
+                   to_global[codes])
+
+    qs = grouped_weighted_quantiles(parts, len(order), tuple(p / 100 for p in PERCENTILES))
+    if qs is None:  # a NaN or -0.0 gap: the plain definition, on concatenated copies
+        by_group, all_v, all_w = _itl_by_group(engines)
+        return distribution(all_v, all_w), {label: distribution(v, w) for label, (v, w) in by_group.items()}
+
+    def dist(quantiles: list[float], lo: int, hi: int, total: float) -> dict:
+        # as ``distribution`` computes it: np.average's sum of value x weight over the sample, in order
+        out: dict[str, float | int] = {f"p{p}": x for p, x in zip(PERCENTILES, quantiles)}
+        if total == 0:
+            raise ZeroDivisionError("Weights sum to zero, can't be normalized")
+        out["mean"] = float(weighted[lo:hi].sum() / np.float64(total))
+        out["count"] = int(total)
+        return out
+
+    whole = dist(qs[0], 0, int(bounds[-1]), float(weight.sum()))
+    groups = {label: dist(qs[1 + i], int(bounds[i]), int(bounds[i + 1]), float(weight[i]))
+              for label, i in order.items()}
+    return whole, groups
+
+
 def fleet_summary(world, reqs: pa.Table, *, end_s: float, wall_s: float, slo) -> dict:
     engines = world.engines()
-    by_group, all_v, all_w = _itl_by_group(engines)
+    itl_whole, itl_groups = _itl_distributions(engines)
     means = world.rec.level_means(end_s)
     kv = [v for (scope, metric), v in means.items() if metric == "kv_usage"]
-    s = summarize(requests=reqs, itl_values=all_v, itl_weights=all_w, counters=world.counters(),
+    s = summarize(requests=reqs, itl_values=[], itl_weights=[], itl=itl_whole, counters=world.counters(),
                   kv_usage_mean=float(np.mean(kv)) if kv else 0.0, sim_time_s=end_s, wall_s=wall_s,
                   slo_ttft_s=slo.ttft_s, slo_itl_s=slo.itl_s)
     # per tier and class by codes over the columns, not through Python lists of every request
@@ -78,8 +138,8 @@ def fleet_summary(world, reqs: pa.Table, *, end_s: float, wall_s: float, slo) ->
     s["by_tier"] = {}
     for name in sorted(t for t in tier_labels if t):
         sub = reqs.filter(pa.array(tier == tier_labels.index(name)))
-        vals, wts = by_group.get(name, ([], []))
-        part = summarize(requests=sub, itl_values=vals, itl_weights=wts, counters={}, kv_usage_mean=0.0,
+        part = summarize(requests=sub, itl_values=[], itl_weights=[], itl=itl_groups.get(name, distribution([])),
+                         counters={}, kv_usage_mean=0.0,
                          sim_time_s=end_s, wall_s=wall_s, slo_ttft_s=slo.ttft_s, slo_itl_s=slo.itl_s)
         s["by_tier"][name] = {k: part[k] for k in ("requests", "outcomes_by_reason", "ttft_s", "itl_s", "tpot_s",
                                                    "goodput_rps", "slo_attainment", "output_tokens_per_s")}

@@ -76,13 +76,14 @@ def iterations_table(rec: Recorder) -> pa.Table:
 ATTR_COLUMNS = ("tier", "tenant", "klass", "region")
 
 
-def string_codes(col) -> tuple[np.ndarray, list]:
-    """Dictionary-encode a string column: int64 codes in first-seen order (-1 for null) and the labels."""
+def string_codes(col, *, labels: bool = True) -> tuple[np.ndarray, Any]:
+    """Dictionary-encode a string column: int64 codes in first-seen order (-1 for null) and the labels
+    (a list, or with ``labels=False`` the Arrow array, not converted to Python strings)."""
+    if isinstance(col, pa.ChunkedArray):  # one chunk: one dictionary, codes in first-seen order
+        col = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
     enc = pc.dictionary_encode(col)
-    if isinstance(enc, pa.ChunkedArray):
-        enc = enc.combine_chunks() if enc.num_chunks != 1 else enc.chunk(0)
     codes = enc.indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    return codes, enc.dictionary.to_pylist()
+    return codes, enc.dictionary.to_pylist() if labels else enc.dictionary
 
 
 def _first_in_group(group: np.ndarray, rows: np.ndarray, n: int) -> np.ndarray:
@@ -119,15 +120,25 @@ def requests_table(events: pa.Table, token_times: dict[str, list[float]] | None 
     Columnar (numpy group-by over the event rows) rather than a dict per request: a full fleet has millions
     of requests (``tests/test_results_columnar.py`` checks it against the per-row definition).
     """
-    keep = pc.and_(pc.is_valid(events.column("request_id")), pc.starts_with(events.column("kind"), "request."))
-    ev = events.filter(keep)
-    kind, kind_labels = string_codes(ev.column("kind"))
-    group, ids = string_codes(ev.column("request_id"))  # groups in order of first appearance
+    # Codes over the whole event table, then numpy row selection: filtering the table first would copy
+    # the request events' strings (~60% of a fleet's events) only to encode them.
+    kind_all, kind_labels = string_codes(events.column("kind"))
+    wanted = np.array([k is not None and k.startswith("request.") for k in kind_labels] + [False])
+    rid_all, rid_labels = string_codes(events.column("request_id"), labels=False)
+    rows = np.flatnonzero(wanted[kind_all] & (rid_all >= 0))  # (a null kind's code -1 picks the False)
+    # groups: the kept rows' request ids, renumbered in order of first appearance among the kept rows
+    present, first = np.unique(rid_all[rows], return_index=True)
+    by_first = present[np.argsort(first, kind="stable")]
+    renumber = np.zeros(len(rid_labels), dtype=np.int64)
+    renumber[by_first] = np.arange(len(by_first))
+    group = renumber[rid_all[rows]]
+    ids = rid_labels.take(pa.array(by_first)).to_pylist()
     n = len(ids)
-    t = ev.column("t_s").to_numpy().astype(np.float64, copy=False) if ev.num_rows else np.zeros(0)
-    value_col = ev.column("value")
-    v = value_col.fill_null(np.nan).to_numpy().astype(np.float64, copy=False) if ev.num_rows else np.zeros(0)
-    has_v = pc.is_valid(value_col).to_numpy(zero_copy_only=False) if ev.num_rows else np.zeros(0, dtype=bool)
+    kind = kind_all[rows]
+    t = events.column("t_s").to_numpy(zero_copy_only=False).astype(np.float64, copy=False)[rows]
+    value_col = events.column("value")
+    v = value_col.fill_null(np.nan).to_numpy(zero_copy_only=False).astype(np.float64, copy=False)[rows]
+    has_v = pc.is_valid(value_col).to_numpy(zero_copy_only=False)[rows]
     code = {k: i for i, k in enumerate(kind_labels)}
 
     def rows_of(*kinds: str) -> np.ndarray:
@@ -169,9 +180,9 @@ def requests_table(events: pa.Table, token_times: dict[str, list[float]] | None 
     cached_row = np.where(cached_sched >= 0, cached_sched, cached_first)
     cached = _at(v, cached_row, 0.0).astype(np.int64)
     dispatched_code = code.get("request.dispatched", -2)
-    chosen_idx = pa.array(np.maximum(chosen, 0), mask=chosen < 0)
+    chosen_idx = pa.array(rows[np.maximum(chosen, 0)] if len(rows) else np.zeros(n, np.int64), mask=chosen < 0)
     scope = pc.if_else(pa.array(_at(kind, chosen, -1) == dispatched_code),
-                       ev.column("reason").take(chosen_idx), ev.column("scope").take(chosen_idx))
+                       events.column("reason").take(chosen_idx), events.column("scope").take(chosen_idx))
 
     first_token = _at(t, _last_in_group(group, rows_of("request.first_token"), n), np.nan)
     preemptions = np.bincount(group[rows_of("request.preempted")], minlength=n).astype(np.int64)
@@ -183,7 +194,7 @@ def requests_table(events: pa.Table, token_times: dict[str, list[float]] | None 
     out_tok = _at(v, out_row, 0.0).astype(np.int64)
     outcome_labels = ["unfinished", *(TERMINAL_KINDS.get(k, "unfinished") for k in kind_labels)]
     outcome = pa.array(outcome_labels, pa.string()).take(pa.array(_at(kind, last_term, -1) + 1))
-    term_idx = pa.array(np.maximum(last_term, 0), mask=last_term < 0)
+    term_idx = pa.array(rows[np.maximum(last_term, 0)] if len(rows) else np.zeros(n, np.int64), mask=last_term < 0)
 
     ttft = first_token - arrival
     e2e = np.where(last_term >= 0, np.where(_at(kind, last_term, -1) == code.get("request.finished", -2),
@@ -205,7 +216,7 @@ def requests_table(events: pa.Table, token_times: dict[str, list[float]] | None 
         "finish_s": pa.array(finish),
         "preemptions": pa.array(preemptions),
         "outcome": outcome,
-        "reason": ev.column("reason").take(term_idx),
+        "reason": events.column("reason").take(term_idx),
         "retries": pa.array(retries),
     }
     if attrs is not None:
@@ -233,7 +244,11 @@ OUTCOMES = ("completed", "rejected", "cancelled", "abandoned", "failed", "unfini
 
 
 def summarize(*, requests: pa.Table, itl_values: list[float], itl_weights: list[int], counters: dict[str, int],
-              kv_usage_mean: float, sim_time_s: float, wall_s: float, slo_ttft_s: float, slo_itl_s: float) -> dict:
+              kv_usage_mean: float, sim_time_s: float, wall_s: float, slo_ttft_s: float, slo_itl_s: float,
+              itl: dict | None = None) -> dict:
+    """The run's summary. ``itl``, when given, is the inter-token gaps' ``distribution`` already computed
+    (a fleet computes it from its engines' columns without concatenating them); else it is computed from
+    ``itl_values`` and ``itl_weights``."""
     n = requests.num_rows
     outcome, outcome_labels = string_codes(requests.column("outcome"))
     reason, reason_labels = string_codes(requests.column("reason"))
@@ -264,7 +279,7 @@ def summarize(*, requests: pa.Table, itl_values: list[float], itl_weights: list[
         "requests": counts,
         "outcomes_by_reason": dict(sorted(by_reason.items())),
         "ttft_s": distribution(_finite(ttft[completed])),
-        "itl_s": distribution(itl_values, itl_weights),
+        "itl_s": itl if itl is not None else distribution(itl_values, itl_weights),
         "tpot_s": distribution(_finite(tpot[completed])),
         "e2e_s": distribution(_finite(e2e[completed])),
         "queue_s": distribution(_finite(queue)),
