@@ -105,6 +105,29 @@ def _at(values: np.ndarray, rows: np.ndarray, missing) -> np.ndarray:
     return np.where(rows >= 0, out, missing)
 
 
+def _first_scheduling(group: np.ndarray, t: np.ndarray, arrived: np.ndarray, sched: np.ndarray,
+                      n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per request, the scheduling event that sets its queue time: the first whose queue time (its time
+    minus the last arrival before it) is defined, else its last; -1 for none. Also each scheduling row's
+    queue time (NaN elsewhere)."""
+    both = np.flatnonzero(arrived | sched)
+    both = both[np.argsort(group[both], kind="stable")]  # grouped, event order within a group
+    g_both = group[both]
+    pos = np.arange(len(both))
+    seen = np.maximum.accumulate(np.where(arrived[both], pos, -1)) if len(both) else pos  # last arrival so far
+    start = np.searchsorted(g_both, g_both, side="left")  # each group's first position
+    arrival_seen = np.where(seen >= start, t[both[np.maximum(seen, 0)]], np.nan) if len(both) else np.zeros(0)
+    queue_at = t[both] - arrival_seen
+    ok = np.flatnonzero(sched[both] & ~np.isnan(queue_at))
+    first_defined = np.full(n, -1, dtype=np.int64)
+    present, first = np.unique(g_both[ok], return_index=True)
+    first_defined[present] = both[ok[first]]
+    chosen = np.where(first_defined >= 0, first_defined, _last_in_group(group, np.flatnonzero(sched), n))
+    queue_of_row = np.full(len(t), np.nan)
+    queue_of_row[both] = queue_at
+    return chosen, queue_of_row
+
+
 def requests_table(events: pa.Table, token_times: dict[str, list[float]] | None = None,
                    attrs: dict[str, tuple] | None = None) -> pa.Table:
     """One row per request from the event table (a pure function of it, plus per-request attributes).
@@ -132,8 +155,8 @@ def requests_table(events: pa.Table, token_times: dict[str, list[float]] | None 
     renumber = np.zeros(len(rid_labels), dtype=np.int64)
     renumber[by_first] = np.arange(len(by_first))
     group = renumber[rid_all[rows]]
-    ids = rid_labels.take(pa.array(by_first)).to_pylist()
-    n = len(ids)
+    request_id = rid_labels.take(pa.array(by_first, pa.int64()))
+    n = len(request_id)
     kind = kind_all[rows]
     t = events.column("t_s").to_numpy(zero_copy_only=False).astype(np.float64, copy=False)[rows]
     value_col = events.column("value")
@@ -155,24 +178,8 @@ def requests_table(events: pa.Table, token_times: dict[str, list[float]] | None 
     arrival = _at(t, last_arrived, np.nan)
     prompt = _at(v, last_arrived, 0.0).astype(np.int64)
 
-    # scheduling: the arrival time seen at each scheduling event is the last ``arrived`` before it
     sched = mask_of("request.scheduled", "request.dispatched")
-    both = np.flatnonzero(arrived | sched)
-    both = both[np.argsort(group[both], kind="stable")]  # grouped, event order within a group
-    g_both = group[both]
-    pos = np.arange(len(both))
-    seen = np.maximum.accumulate(np.where(arrived[both], pos, -1)) if len(both) else pos
-    start = np.searchsorted(g_both, g_both, side="left")  # each group's first position
-    arrival_seen = np.where(seen >= start, t[both[np.maximum(seen, 0)]], np.nan) if len(both) else np.zeros(0)
-    queue_at = t[both] - arrival_seen
-    is_sched = sched[both]
-    first_defined = np.full(n, -1, dtype=np.int64)
-    ok = np.flatnonzero(is_sched & ~np.isnan(queue_at))
-    present, first = np.unique(g_both[ok], return_index=True)
-    first_defined[present] = both[ok[first]]
-    chosen = np.where(first_defined >= 0, first_defined, _last_in_group(group, np.flatnonzero(sched), n))
-    queue_of_row = np.full(len(kind), np.nan)
-    queue_of_row[both] = queue_at
+    chosen, queue_of_row = _first_scheduling(group, t, arrived, sched, n)
     queue = _at(queue_of_row, chosen, np.nan)
     applied = sched & (np.arange(len(kind)) <= chosen[group]) if len(kind) else sched
     cached_sched = _last_in_group(group, np.flatnonzero(applied & has_v), n)
@@ -197,11 +204,10 @@ def requests_table(events: pa.Table, token_times: dict[str, list[float]] | None 
     term_idx = pa.array(rows[np.maximum(last_term, 0)] if len(rows) else np.zeros(n, np.int64), mask=last_term < 0)
 
     ttft = first_token - arrival
-    e2e = np.where(last_term >= 0, np.where(_at(kind, last_term, -1) == code.get("request.finished", -2),
-                                            finish - arrival, np.nan), np.nan)
+    completed = _at(kind, last_term, -1) == code.get("request.finished", -2)
+    e2e = np.where(completed, finish - arrival, np.nan)
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(out_tok > 1, (finish - first_token) / (out_tok - 1), np.nan)
-    request_id = pa.array(ids, pa.string())
     cols: dict[str, Any] = {
         "request_id": request_id,
         "scope": scope,
@@ -219,6 +225,7 @@ def requests_table(events: pa.Table, token_times: dict[str, list[float]] | None 
         "reason": events.column("reason").take(term_idx),
         "retries": pa.array(retries),
     }
+    ids = request_id.to_pylist() if attrs is not None or token_times is not None else []
     if attrs is not None:
         none = (None,) * len(ATTR_COLUMNS)
         per_request = [attrs.get(r, none) for r in ids]
