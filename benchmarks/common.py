@@ -29,9 +29,15 @@ def measure(fn: Callable[[], Any]) -> tuple[Any, float]:
     return out, wall
 
 
+def last_cpu_s() -> float:
+    """CPU seconds of the latest ``measure``."""
+    return _last_cpu_s
+
+
 def emit(case: str, *, sim_requests: int, sim_s: float, events: int, wall_s: float, extra: dict | None = None) -> dict:
     """One JSON line per case. ``cpu_s`` is this process's CPU time for the case: on a machine shared with
-    other work it is the steadier number (wall time includes waiting for a core)."""
+    other work it is the steadier number (wall time includes waiting for a core). ``peak_rss_mb`` is the
+    process's peak so far, so in a multi-case run it is the largest case's up to that line."""
     row = {
         "case": case,
         "sim_requests": sim_requests,
@@ -43,11 +49,26 @@ def emit(case: str, *, sim_requests: int, sim_s: float, events: int, wall_s: flo
         "sim_requests_per_cpu_s": sim_requests / _last_cpu_s if _last_cpu_s > 0 else None,
         "sim_s_per_cpu_s": sim_s / _last_cpu_s if _last_cpu_s > 0 else None,
         "peak_rss_mb": peak_rss_mb(),
+        # CPU per simulated request (a fleet's request is a user's turn): the per-unit cost whose growth
+        # with fleet size the issue's "within 1.2x of linear" criterion is about
+        "cpu_ms_per_sim_request": 1000.0 * _last_cpu_s / sim_requests if sim_requests else None,
     }
     if extra:
         row.update(extra)
     print(json.dumps(row), flush=True)
     return row
+
+
+def growth_vs_linear(rows: list[dict], *, size: str = "sim_requests") -> list[str]:
+    """Each case against the first: how much larger (``size``), how much more CPU, and their ratio
+    (CPU-per-unit growth; 1.00 is linear, the issue asks for at most 1.2)."""
+    base, lines = rows[0], []
+    for r in rows[1:]:
+        grow = r[size] / base[size]
+        cpu = r["cpu_s"] / base["cpu_s"]
+        lines.append(f"{r['case']}: {grow:.2f}x the {size} of {base['case']}, CPU {cpu:.2f}x "
+                     f"(linear would be {grow:.2f}x; CPU per unit {cpu / grow:.2f}x linear)")
+    return lines
 
 
 def table(rows: list[dict], cols: list[str]) -> str:

@@ -6,10 +6,13 @@ The component tree is built and wired first, then every process starts in one pl
 
 from __future__ import annotations
 
+import gc
 import platform
 import subprocess
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +41,9 @@ class RunResult:
     summary: dict[str, Any] = field(default_factory=dict)
     manifest: dict[str, Any] = field(default_factory=dict)
     world: Any = field(default=None, repr=False)  # the simulated world, for tests and replay; not serialised
+    # process CPU seconds of the run's phases ("simulate": build and run the world; "tabulate": tables and
+    # summary), for the benchmarks; not serialised, not a result
+    cpu_s: dict[str, float] = field(default_factory=dict, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -189,38 +195,61 @@ def run_scenario(scenario: Scenario, *, seed: int | None = None, replication: in
     return result
 
 
+@contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector while the tables and summary are built: they allocate many
+    short-lived objects and few cycles, and each full collection would walk every object of the finished
+    world (millions at fleet scale). Changes no result; reference counting still frees everything."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def _run_single(scenario, seed, replication, result, t0, specs, step_model) -> None:
+    c0 = time.process_time()
     world = SingleReplicaRun(scenario, seed=seed, replication=replication, specs=specs, step_model=step_model)
     world.run(scenario.horizon_s)
+    c1 = time.process_time()
     end = world.env.now
-    world.rec.close_levels(end)
-    events = events_table(world.rec)
-    reqs = requests_table(events, world.token_times if scenario.output.record_token_times else None)
-    result.tables = {"events": events, "levels": levels_table(world.rec), "requests": reqs}
-    if scenario.output.record_iterations:
-        result.tables["iterations"] = iterations_table(world.rec)
-    means = world.rec.level_means(end)
-    kv_means = [v for (scope, metric), v in means.items() if metric == "kv_usage"]
-    result.summary = summarize(
-        requests=reqs, itl_values=world.engine.itl_values, itl_weights=world.engine.itl_weights,
-        counters=world.counters(), kv_usage_mean=sum(kv_means) / len(kv_means) if kv_means else 0.0,
-        sim_time_s=end, wall_s=time.perf_counter() - t0, slo_ttft_s=scenario.slo.ttft_s, slo_itl_s=scenario.slo.itl_s)
+    with _no_cyclic_gc():
+        world.rec.close_levels(end)
+        events = events_table(world.rec)
+        reqs = requests_table(events, world.token_times if scenario.output.record_token_times else None)
+        result.tables = {"events": events, "levels": levels_table(world.rec), "requests": reqs}
+        if scenario.output.record_iterations:
+            result.tables["iterations"] = iterations_table(world.rec)
+        means = world.rec.level_means(end)
+        kv_means = [v for (scope, metric), v in means.items() if metric == "kv_usage"]
+        result.summary = summarize(
+            requests=reqs, itl_values=world.engine.itl_values, itl_weights=world.engine.itl_weights,
+            counters=world.counters(), kv_usage_mean=sum(kv_means) / len(kv_means) if kv_means else 0.0,
+            sim_time_s=end, wall_s=time.perf_counter() - t0, slo_ttft_s=scenario.slo.ttft_s,
+            slo_itl_s=scenario.slo.itl_s)
     result.summary["num_gpu_blocks"] = world.cfg.num_gpu_blocks
     result.world = world
+    result.cpu_s = {"simulate": c1 - c0, "tabulate": time.process_time() - c1}
 
 
 def _run_fleet(scenario, seed, replication, result, t0) -> None:
     from twin.fleet_summary import fleet_summary
     from twin.models.fleet import FleetWorld
 
+    c0 = time.process_time()
     world = FleetWorld(scenario, seed=seed, replication=replication)
     world.run(scenario.horizon_s)
+    c1 = time.process_time()
     end = world.env.now
-    world.rec.close_levels(end)
-    events = events_table(world.rec)
-    reqs = requests_table(events, attrs=world.turn_attrs)
-    result.tables = {"events": events, "levels": levels_table(world.rec), "requests": reqs}
-    if scenario.output.record_iterations:
-        result.tables["iterations"] = iterations_table(world.rec)
-    result.summary = fleet_summary(world, reqs, end_s=end, wall_s=time.perf_counter() - t0, slo=scenario.slo)
+    with _no_cyclic_gc():
+        world.rec.close_levels(end)
+        events = events_table(world.rec)
+        reqs = requests_table(events, attrs=world.turn_attrs)
+        result.tables = {"events": events, "levels": levels_table(world.rec), "requests": reqs}
+        if scenario.output.record_iterations:
+            result.tables["iterations"] = iterations_table(world.rec)
+        result.summary = fleet_summary(world, reqs, end_s=end, wall_s=time.perf_counter() - t0, slo=scenario.slo)
     result.world = world
+    result.cpu_s = {"simulate": c1 - c0, "tabulate": time.process_time() - c1}
