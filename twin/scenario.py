@@ -103,7 +103,9 @@ class SharedPrefixConfig(_Model):
 
 class SyntheticWorkload(_Model):
     kind: Literal["synthetic"] = "synthetic"
-    num_requests: PosInt
+    # Bounded so a typo (4e9) is a clear error, not a 31 GiB allocation: 1M requests draw in ~15 s and
+    # ~0.8 GB; a single replica simulates them in ~7 CPU-minutes. Longer studies belong to a fleet or a trace.
+    num_requests: Annotated[int, Field(gt=0, le=1_000_000)]
     arrival: Arrivals
     prompt_tokens: LengthDist
     output_tokens: LengthDist
