@@ -13,6 +13,7 @@ from twin.models.request import EngineRequest
 from twin.models.token_queue import QueueEntry
 from twin.models.tokens import TokenSeq
 from twin.policies import RequestFacts
+from twin.policies.queueing import QueueItem
 
 if TYPE_CHECKING:
     from twin.models.client import Turn
@@ -27,14 +28,40 @@ class Outcome:
 
 
 
-class Stream:
-    """The client's view of one generation's token stream."""
+def first_of(env: simpy.Environment, a: simpy.Event, b: simpy.Event) -> simpy.Event:
+    """``a | b`` for two pending events that never fail, without a ``Condition``.
 
-    __slots__ = ("first", "done", "delivered", "cancel_at", "cancel_reason", "disconnect_at", "cancelled", "req",
-                 "handle")
+    The event returned is scheduled when the first of ``a`` and ``b`` is processed, which is exactly when
+    ``a | b`` would be scheduled, so a process waiting on it resumes at the same point of the event order.
+    It carries no value: callers read their own flags, as they did with the condition. Spelled out for
+    speed: a turn waits like this once or twice, and a ``Condition`` builds its value and unhooks itself
+    from both events each time.
+    """
+    w = env.event()
+
+    def fire(_event: simpy.Event) -> None:
+        if not w.triggered:
+            w.succeed()
+
+    a.callbacks.append(fire)  # type: ignore[union-attr]
+    b.callbacks.append(fire)  # type: ignore[union-attr]
+    return w
+
+
+class Stream:
+    """The client's view of one generation's token stream.
+
+    ``first_seen`` is set at the first token; ``first`` is an event only while the client waits for that
+    token (an event nobody waits on would still cost a trip through SimPy's queue). ``done`` succeeds when
+    the generation ends.
+    """
+
+    __slots__ = ("first", "first_seen", "done", "delivered", "cancel_at", "cancel_reason", "disconnect_at",
+                 "cancelled", "req", "handle")
 
     def __init__(self, env: simpy.Environment) -> None:
-        self.first = env.event()
+        self.first: simpy.Event | None = None
+        self.first_seen = False
         self.done = env.event()
         self.delivered = 0
         self.cancel_at: int | None = None
@@ -127,11 +154,9 @@ class Generations:
             if rng.random() < ccfg.disconnect_share:
                 st.disconnect_at = int(rng.integers(1, output_tokens + 1))
         entry = QueueEntry(facts=facts, tokens=prompt_tokens + output_tokens, priority=0, arrival_s=env.now,
-                           dispatched=env.event(), allowed_regions=facts.allowed_regions, pool=pool)
+                           allowed_regions=facts.allowed_regions, pool=pool)
         entry.on_dispatch = lambda e, handle: self._submit(e, handle, seq, st, turn, output_tokens, record,
                                                            output_offset, max_tokens)
-        from twin.policies.queueing import QueueItem
-
         deadline = None if w.queue_eta_mode else self.cfg.queue.deadline_s
         item = QueueItem(request_id=gen_id, tier=spec.tenant.tier, tenant=spec.tenant.name,
                          prompt_tokens=prompt_tokens, expected_output_tokens=output_tokens,
@@ -141,27 +166,29 @@ class Generations:
             return Outcome("rejected", decision.reason, getattr(decision, "retry_after_s", None))
         w.rec.event(env.now, "request.queued", "queue", turn.turn_id, float(decision.eta_s), gen)
         patience = None if turn.klass == "background" else ccfg.patience_s
-        if w.queue_eta_mode and patience is not None and decision.eta_s > patience and not entry.dispatched.triggered:
+        if w.queue_eta_mode and patience is not None and decision.eta_s > patience and not entry.is_dispatched:
             w.queue.remove(entry)  # told an honest ETA longer than they will wait, users leave at once
             return Outcome("abandoned", "eta_too_long")
         t0 = env.now
-        if not entry.dispatched.triggered:
+        if not entry.is_dispatched:  # usually it left the queue inside offer(); else wait for it
+            entry.dispatched = env.event()
             limits = [x for x in (patience, deadline) if x is not None]
             if limits:
-                yield entry.dispatched | env.timeout(min(limits))
+                yield first_of(env, entry.dispatched, env.timeout(min(limits)))
             else:
                 yield entry.dispatched
-            if not entry.dispatched.triggered:
+            if not entry.is_dispatched:
                 w.queue.remove(entry)
                 if patience is not None and (deadline is None or patience <= deadline):
                     return Outcome("abandoned", "no_first_token")
                 return Outcome("rejected", "deadline_exceeded")
         w.rec.event(env.now, "request.dispatched", "router", turn.turn_id, None, entry.replica_id)
-        if not turn.first_token_seen and not st.first.triggered:
+        if not turn.first_token_seen and not st.first_seen:
+            st.first = env.event()
             if patience is not None:
                 remaining = max(patience - (env.now - t0), 0.0)
-                yield st.first | env.timeout(remaining)
-                if not st.first.triggered:
+                yield first_of(env, st.first, env.timeout(remaining))
+                if not st.first_seen:
                     st.cancelled = True
                     st.handle.replica.cancel(st.req, "abandoned")
                     yield st.done
@@ -196,8 +223,10 @@ class Generations:
 
         def on_tokens(r: EngineRequest, m: int, t: float) -> None:
             st.delivered = r.num_output
-            if not st.first.triggered:
-                st.first.succeed()
+            if not st.first_seen:
+                st.first_seen = True
+                if st.first is not None:
+                    st.first.succeed()
                 if not turn.first_token_seen:
                     turn.first_token_seen = True
                     self.w.rec.event(t, "request.first_token", "client", turn.turn_id, float(r.num_cached_tokens or 0))
@@ -294,9 +323,9 @@ class Generations:
         w.router.sent(facts, decision.replica_id)
         handle = w.router.by_id[decision.replica_id]
         st = Stream(env)
-        st.first.succeed()
+        st.first_seen = True
         entry = QueueEntry(facts=facts, tokens=prompt_tokens + output_tokens, priority=0, arrival_s=env.now,
-                           dispatched=env.event(), allowed_regions=allowed, pool="decode", replica_id=decision.replica_id)
+                           allowed_regions=allowed, pool="decode", replica_id=decision.replica_id, is_dispatched=True)
         max_tokens = output_tokens if w.output_cap is None else min(output_tokens, w.output_cap)
         self._submit(entry, handle, seq, st, turn, output_tokens, record, output_offset, max(max_tokens, 2),
                      preloaded=(prompt_tokens, t_first))

@@ -24,7 +24,10 @@ class QueueEntry:
     tokens: int
     priority: int
     arrival_s: float
-    dispatched: simpy.Event
+    # set when the entry leaves the queue; ``dispatched`` is an event only while a client waits for that
+    # (an event nobody waits on would still cost a trip through SimPy's queue)
+    is_dispatched: bool = False
+    dispatched: simpy.Event | None = None
     seq: int = 0
     allowed_regions: tuple[str, ...] | None = None
     pool: str | None = None  # restrict to one pool (the prefill pool of a disaggregated model)
@@ -95,7 +98,7 @@ class TokenQueue:
 
     def remove(self, entry: QueueEntry) -> bool:
         """Withdraw a queued entry (deadline, patience, cancel). False if already dispatched."""
-        if entry.removed or entry.dispatched.triggered:
+        if entry.removed or entry.is_dispatched:
             return False
         entry.removed = True
         self._count_in(entry, -1)
@@ -147,7 +150,9 @@ class TokenQueue:
                 e.replica_id = decision.replica_id
                 self.router.sent(e.facts, decision.replica_id)
                 e.on_dispatch(e, self.router.by_id[decision.replica_id])  # type: ignore[operator]
-                e.dispatched.succeed(decision.replica_id)
+                e.is_dispatched = True
+                if e.dispatched is not None:
+                    e.dispatched.succeed(decision.replica_id)
             for item in blocked:
                 heapq.heappush(heap, item)
         finally:
