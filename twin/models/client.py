@@ -46,9 +46,8 @@ class Clients:
 
     # ---- sessions and turns --------------------------------------------------------------------
     def session(self, spec: SessionSpec):
+        """One user's conversation from its start (the world starts it at ``spec.start_s``)."""
         env, tr = self.env, self.cfg.traffic
-        if spec.start_s > env.now:
-            yield env.timeout(spec.start_s - env.now)
         if spec.trace is not None:  # a replayed trace request: its own prompt content and output length
             r = spec.trace
             turn = Turn(turn_id=f"{spec.session_id}-t0", session=spec, index=0, klass="chat", arrival_s=env.now,
