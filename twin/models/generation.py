@@ -80,6 +80,23 @@ class Generations:
         self.env = world.env
         self.cfg = world.cfg
         self.rng = rng
+        # model_for's two lookups, memoised: (cap, supports_tools) per model (config is frozen), and whether
+        # a model is placed inside a residency, recomputed when placements grow (the autoscaler adds some)
+        self._caps: dict[str, tuple[int, bool]] = {}
+        self._placed: dict[tuple[str, tuple[str, ...] | None], bool] = {}
+        self._placed_n = -1
+
+    def _is_placed(self, name: str, allowed) -> bool:
+        placements = self.w.placements
+        if len(placements) != self._placed_n:
+            self._placed.clear()
+            self._placed_n = len(placements)
+        key = (name, None if allowed is None else tuple(allowed))
+        hit = self._placed.get(key)
+        if hit is None:
+            hit = self._placed[key] = any(w_model == name and (allowed is None or region in allowed)
+                                          for (w_model, region) in placements)
+        return hit
 
     # ---- one generation --------------------------------------------------------------------------
     def model_for(self, turn: Turn, total_tokens: int, needs_tools: bool) -> str | None:
@@ -97,12 +114,13 @@ class Generations:
             if turn.version == "canary":
                 order = [c.canary_model if n == c.model else n for n in order]
         for name in order:
-            m = cfg.models[name]
-            cap = m.max_context_tokens or m.engine.max_model_len
-            if total_tokens > cap or (needs_tools and not m.supports_tools):
+            caps = self._caps.get(name)
+            if caps is None:
+                m = cfg.models[name]
+                caps = self._caps[name] = (m.max_context_tokens or m.engine.max_model_len, m.supports_tools)
+            if total_tokens > caps[0] or (needs_tools and not caps[1]):
                 continue
-            if not any(w_model == name and (allowed is None or region in allowed)
-                       for (w_model, region) in self.w.placements):
+            if not self._is_placed(name, allowed):
                 continue
             return name
         return None

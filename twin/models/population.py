@@ -125,8 +125,21 @@ def turn_rate_per_s(t_s: float, traffic: PopulationTraffic, scale: float = 1.0) 
 
 
 def draw_length(cfg: LengthConfig, rng: np.random.Generator) -> int:
-    mu = math.log(cfg.mean) - cfg.sigma**2 / 2.0
-    return int(min(max(round(rng.lognormal(mu, cfg.sigma)), cfg.min), cfg.max))
+    return LengthDraw(cfg)(rng)
+
+
+class LengthDraw:
+    """:func:`draw_length` for one config, with the lognormal's ``mu`` computed once (the same float):
+    clients draw two lengths per turn."""
+
+    __slots__ = ("mu", "sigma", "lo", "hi")
+
+    def __init__(self, cfg: LengthConfig) -> None:
+        self.mu = math.log(cfg.mean) - cfg.sigma**2 / 2.0
+        self.sigma, self.lo, self.hi = cfg.sigma, cfg.min, cfg.max
+
+    def __call__(self, rng: np.random.Generator) -> int:
+        return int(min(max(round(rng.lognormal(self.mu, self.sigma)), self.lo), self.hi))
 
 
 class IndexDraw:

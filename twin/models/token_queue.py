@@ -8,6 +8,7 @@ to the router while some eligible replica has room. Deadlines and patience are t
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from dataclasses import dataclass, field
@@ -16,6 +17,9 @@ import simpy
 
 from twin.models.router import Router
 from twin.policies import RequestFacts
+from twin.policies.queueing import QueueSnapshot
+
+_LN2 = math.log(2)
 
 
 @dataclass(slots=True)
@@ -48,6 +52,7 @@ class TokenQueue:
         # queued (accepted, neither removed nor dispatched) entries and tokens per priority class, kept as
         # entries come and go so a snapshot does not walk the heap
         self._by_pri: dict[int, list[int]] = {}
+        self._pris: list[int] = []  # the keys of _by_pri, sorted (the snapshot lists classes in this order)
         self._seq = 0
         self.queued_tokens = 0
         self.in_flight_tokens = 0
@@ -62,20 +67,19 @@ class TokenQueue:
         """A generation ended having used ``tokens`` (prompt + output): update the drain-rate EWMA."""
         now = self.env.now
         dt = now - self._drain_t
-        decay = math.exp(-dt * math.log(2) / self._halflife) if dt > 0 else 1.0
-        self._drain = self._drain * decay + tokens * (math.log(2) / self._halflife)
+        decay = math.exp(-dt * _LN2 / self._halflife) if dt > 0 else 1.0
+        self._drain = self._drain * decay + tokens * (_LN2 / self._halflife)
         self._drain_t = now
         self.in_flight_tokens = max(self.in_flight_tokens - tokens, 0)
 
     def drain_tokens_per_s(self) -> float:
         dt = self.env.now - self._drain_t
-        return self._drain * (math.exp(-dt * math.log(2) / self._halflife) if dt > 0 else 1.0)
+        return self._drain * (math.exp(-dt * _LN2 / self._halflife) if dt > 0 else 1.0)
 
     # ---- entries ---------------------------------------------------------------------------------
     def snapshot(self):
-        from twin.policies.queueing import QueueSnapshot
-
-        by_pri = tuple(sorted((pri, c[1]) for pri, c in self._by_pri.items() if c[0] > 0))
+        by_pri = self._by_pri
+        by_pri = tuple([(pri, by_pri[pri][1]) for pri in self._pris if by_pri[pri][0] > 0])
         return QueueSnapshot(now_s=self.env.now, queued_tokens=self.queued_tokens,
                              capacity_tokens=getattr(self.policy, "capacity_tokens", None),
                              queued_by_priority=by_pri,
@@ -110,6 +114,7 @@ class TokenQueue:
         c = self._by_pri.get(entry.priority)
         if c is None:
             c = self._by_pri[entry.priority] = [0, 0]
+            bisect.insort(self._pris, entry.priority)
         c[0] += sign
         c[1] += sign * entry.tokens
 
