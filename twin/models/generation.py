@@ -48,6 +48,46 @@ def first_of(env: simpy.Environment, a: simpy.Event, b: simpy.Event) -> simpy.Ev
     return w
 
 
+def first_token_or_timeout(env: simpy.Environment, st: Stream, timeout: simpy.Event | None) -> simpy.Event:
+    """What a client waits on for its first token: ``st.first | timeout`` (``st.first`` alone without a
+    timeout), with one event and one resume less in the usual case.
+
+    The generation code does nothing when it resumes from the first token but wait for ``st.done``. So
+    when the first token is processed while ``st.done`` is still pending, the waiting process is moved
+    onto ``st.done`` (it would have been waiting there from this moment anyway) instead of being resumed
+    through an event of its own, which would only put it there. Otherwise (the stream already ended, or
+    the timeout came first) the event returned is scheduled exactly when ``st.first | timeout`` would be
+    (without a timeout: the process resumes with ``st.first`` and then waits for ``st.done``, so it is
+    moved whenever ``st.done`` can still be waited on).
+    """
+    waiter = env.event()
+    decided = False
+
+    def on_first(_event: simpy.Event) -> None:
+        nonlocal decided
+        if decided:
+            return
+        decided = True
+        done = st.done
+        if done.callbacks is not None and (timeout is None or not done.triggered):
+            done.callbacks.extend(waiter.callbacks)  # type: ignore[arg-type]
+            waiter.callbacks.clear()  # type: ignore[union-attr]
+        else:
+            waiter.succeed()
+
+    def on_timeout(_event: simpy.Event) -> None:
+        nonlocal decided
+        if decided:
+            return
+        decided = True
+        waiter.succeed()
+
+    st.first.callbacks.append(on_first)  # type: ignore[union-attr]
+    if timeout is not None:
+        timeout.callbacks.append(on_timeout)  # type: ignore[union-attr]
+    return waiter
+
+
 class Stream:
     """The client's view of one generation's token stream.
 
@@ -205,14 +245,14 @@ class Generations:
             st.first = env.event()
             if patience is not None:
                 remaining = max(patience - (env.now - t0), 0.0)
-                yield first_of(env, st.first, env.timeout(remaining))
+                yield first_token_or_timeout(env, st, env.timeout(remaining))
                 if not st.first_seen:
                     st.cancelled = True
                     st.handle.replica.cancel(st.req, "abandoned")
                     yield st.done
                     return Outcome("abandoned", "no_first_token", output_tokens=st.delivered)
             else:
-                yield st.first
+                yield first_token_or_timeout(env, st, None)
         yield st.done
         reason = st.req.finished_reason
         if st.cancelled:
