@@ -9,7 +9,7 @@ import pytest
 import simpy
 
 import twin.models.fleet as fleet_mod
-from twin.models.generation import Stream, first_of, first_token_or_timeout
+from twin.models.generation import CallOffTimers, Stream, first_of, first_token_or_timeout
 from twin.models.population import IndexDraw
 from twin.runner import run_scenario
 from twin.scenario import load_scenario
@@ -95,12 +95,13 @@ def _stream_log(kind: str, first_at: float | None, done_at: float | None, timeou
             yield env.timeout(0)
             log.append((env.now, "bystander 2"))
 
+    timers = CallOffTimers(env)
+
     def client():
-        timeout = None if timeout_s is None else env.timeout(timeout_s)
         if kind == "condition":
-            yield st.first if timeout is None else (st.first | timeout)
+            yield st.first if timeout_s is None else (st.first | env.timeout(timeout_s))
         else:
-            yield first_token_or_timeout(env, st, timeout)
+            yield first_token_or_timeout(env, st, timers, timeout_s)
         log.append((env.now, f"after first wait seen={st.first_seen}"))
         yield st.done
         log.append((env.now, "after done"))
@@ -163,3 +164,44 @@ def test_sessions_out_of_start_order_give_the_same_run(monkeypatch: pytest.Monke
         for col in a.column_names:  # value for value, NaN equal to NaN
             assert all(x == y or (x != x and y != y)
                        for x, y in zip(a.column(col).to_pylist(), b.column(col).to_pylist())), (name, col)
+
+
+# ---- timers that are nearly always called off ---------------------------------------------------------
+@pytest.mark.parametrize("seed", range(8))
+def test_call_off_timers_fire_where_timeouts_would(seed: int) -> None:
+    """Random timers started, some called off, with bystander timeouts at the same times: the live ones
+    fire at the same places in the event order as plain Timeouts."""
+
+    def run(kind: str) -> list[tuple[float, str]]:
+        rng = np.random.default_rng(seed)
+        env = simpy.Environment()
+        timers = CallOffTimers(env)
+        log: list[tuple[float, str]] = []
+        plan = [(float(rng.integers(0, 6)), float(rng.integers(0, 4)), float(rng.integers(0, 8)) if rng.random() < 0.6
+                 else None) for _ in range(40)]  # (start, delay, call off at)
+
+        def one(k, start, delay, off_at):
+            yield env.timeout(start)
+            called_off = [False]
+
+            def fired(_ev=None):
+                if not called_off[0]:
+                    log.append((env.now, f"timer {k}"))
+
+            if kind == "timeout":
+                env.timeout(delay).callbacks.append(fired)
+            else:
+                handle = timers.start(delay, fired)
+            env.timeout(delay).callbacks.append(lambda _e: log.append((env.now, f"bystander {k}")))
+            if off_at is not None:
+                yield env.timeout(off_at)
+                called_off[0] = True
+                if kind != "timeout":
+                    timers.call_off(handle)
+
+        for k, (start, delay, off_at) in enumerate(plan):
+            env.process(one(k, start, delay, off_at))
+        env.run()
+        return log
+
+    assert run("call_off") == run("timeout")

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import heapq
 
 import simpy
-from simpy.events import NORMAL, URGENT
+from simpy.events import URGENT
 
 from twin.fleet_config import FleetSection
 from twin.models.client import Clients
 from twin.models.conversation import ConversationService
 from twin.models.engine import Engine
 from twin.models.gateway import Gateway
+from twin.models.generation import schedule_at
 from twin.models.population import sessions
 from twin.models.recorder import Recorder
 from twin.models.replica import Replica
@@ -188,8 +188,7 @@ class FleetWorld:
         timer = self.env.event()
         timer._ok, timer._value = True, (i, chain)
         timer.callbacks.append(self._on_start_timer)  # type: ignore[union-attr]
-        # env.schedule, with the absolute time the up-front timer had (0 + start_s) and its place
-        heapq.heappush(self.env._queue, (self.sessions[i].start_s, NORMAL, place, timer))
+        schedule_at(self.env, timer, self.sessions[i].start_s, place)  # the up-front timer's time (0 + start_s)
 
     def _on_start_timer(self, timer) -> None:
         i, chain = timer._value

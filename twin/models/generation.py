@@ -4,10 +4,12 @@ prefill/decode pools and bursting to an external API provider."""
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import simpy
+from simpy.events import NORMAL
 
 from twin.models.request import EngineRequest
 from twin.models.token_queue import QueueEntry
@@ -48,9 +50,66 @@ def first_of(env: simpy.Environment, a: simpy.Event, b: simpy.Event) -> simpy.Ev
     return w
 
 
-def first_token_or_timeout(env: simpy.Environment, st: Stream, timeout: simpy.Event | None) -> simpy.Event:
-    """What a client waits on for its first token: ``st.first | timeout`` (``st.first`` alone without a
-    timeout), with one event and one resume less in the usual case.
+def schedule_at(env: simpy.Environment, event: simpy.Event, t_s: float, place: float) -> None:
+    """``env.schedule`` (normal priority) at the absolute time ``t_s`` with the given place among events
+    at that time (an event id, possibly taken earlier). Lets a timer keep the place in SimPy's event order
+    that a ``Timeout`` created earlier would have had, without sitting in the queue until then."""
+    heapq.heappush(env._queue, (t_s, NORMAL, place, event))
+
+
+class CallOffTimers:
+    """Timeouts that are nearly always called off before they fire (a client's patience for its first
+    token, 30 s, against a first token within a second): kept in a heap of their own, with only the
+    earliest one in SimPy's queue.
+
+    A timer takes its event id when it starts, as a ``Timeout`` created then would, and that one fires at
+    the same place in the event order (see :func:`schedule_at`); a called-off timer that is in SimPy's
+    queue fires as a no-op, as its ``Timeout`` would have, and puts the next one there. So the order of
+    everything that happens is unchanged, and a turn costs no timer event in the usual case.
+    """
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self.env = env
+        self._heap: list[tuple[float, int, list]] = []  # (t_s, event id, entry); entry = [callback, armed]
+
+    def start(self, delay_s: float, callback) -> list:
+        """``callback()`` after ``delay_s`` unless called off; returns the handle for :meth:`call_off`."""
+        env = self.env
+        entry = [callback, False]
+        heapq.heappush(self._heap, (env.now + delay_s, next(env._eid), entry))
+        if self._heap[0][2] is entry:
+            self._arm()
+        return entry
+
+    @staticmethod
+    def call_off(entry: list) -> None:
+        entry[0] = None
+
+    def _arm(self) -> None:
+        t_s, place, entry = self._heap[0]
+        entry[1] = True
+        ev = simpy.Event(self.env)
+        ev._ok, ev._value = True, entry
+        ev.callbacks.append(self._fire)  # type: ignore[union-attr]
+        schedule_at(self.env, ev, t_s, place)
+
+    def _fire(self, ev: simpy.Event) -> None:
+        entry = ev._value
+        callback, entry[0] = entry[0], None
+        heap = self._heap
+        while heap and heap[0][2][0] is None:  # fired or called off
+            heapq.heappop(heap)
+        if heap and not heap[0][2][1]:
+            self._arm()
+        if callback is not None:
+            callback()
+
+
+def first_token_or_timeout(env: simpy.Environment, st: Stream, timers: CallOffTimers,
+                           timeout_s: float | None) -> simpy.Event:
+    """What a client waits on for its first token: ``st.first | env.timeout(timeout_s)`` (``st.first``
+    alone without a timeout), with one event and one resume less in the usual case, and the timeout
+    from ``timers`` (it is called off at the first token).
 
     The generation code does nothing when it resumes from the first token but wait for ``st.done``. So
     when the first token is processed while ``st.done`` is still pending, the waiting process is moved
@@ -68,23 +127,24 @@ def first_token_or_timeout(env: simpy.Environment, st: Stream, timeout: simpy.Ev
         if decided:
             return
         decided = True
+        if timer is not None:
+            timers.call_off(timer)
         done = st.done
-        if done.callbacks is not None and (timeout is None or not done.triggered):
+        if done.callbacks is not None and (timeout_s is None or not done.triggered):
             done.callbacks.extend(waiter.callbacks)  # type: ignore[arg-type]
             waiter.callbacks.clear()  # type: ignore[union-attr]
         else:
             waiter.succeed()
 
-    def on_timeout(_event: simpy.Event) -> None:
+    def on_timeout() -> None:
         nonlocal decided
         if decided:
             return
         decided = True
         waiter.succeed()
 
+    timer = None if timeout_s is None else timers.start(timeout_s, on_timeout)
     st.first.callbacks.append(on_first)  # type: ignore[union-attr]
-    if timeout is not None:
-        timeout.callbacks.append(on_timeout)  # type: ignore[union-attr]
     return waiter
 
 
@@ -125,6 +185,7 @@ class Generations:
         self._caps: dict[str, tuple[int, bool]] = {}
         self._placed: dict[tuple[str, tuple[str, ...] | None], bool] = {}
         self._placed_n = -1
+        self.timers = CallOffTimers(self.env)
 
     def _is_placed(self, name: str, allowed) -> bool:
         placements = self.w.placements
@@ -245,14 +306,14 @@ class Generations:
             st.first = env.event()
             if patience is not None:
                 remaining = max(patience - (env.now - t0), 0.0)
-                yield first_token_or_timeout(env, st, env.timeout(remaining))
+                yield first_token_or_timeout(env, st, self.timers, remaining)
                 if not st.first_seen:
                     st.cancelled = True
                     st.handle.replica.cancel(st.req, "abandoned")
                     yield st.done
                     return Outcome("abandoned", "no_first_token", output_tokens=st.delivered)
             else:
-                yield first_token_or_timeout(env, st, None)
+                yield first_token_or_timeout(env, st, self.timers, None)
         yield st.done
         reason = st.req.finished_reason
         if st.cancelled:
