@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from twin.models.generation import Generations, Outcome
-from twin.models.population import SessionSpec, draw_length
+from twin.models.population import LengthDraw, SessionSpec
 from twin.rng import stable_hash, stream
 
 RETRYABLE = {"user_rate_limited", "tenant_quota_exceeded", "queue_full", "replica_failed", "region_unreachable"}
@@ -43,12 +43,19 @@ class Clients:
         self.lengths = stream(seed, replication, "workload.lengths")
         self.tool_runs: dict[str, int] = {}  # idempotent executor: key -> executions
         self.gen = Generations(world, rng=self.rng)
+        self._length_draws: dict[str, LengthDraw] = {}
+
+    def _draw_length(self, field: str) -> int:
+        """A length from the traffic's ``field`` config (its draw built on first use)."""
+        draw = self._length_draws.get(field)
+        if draw is None:
+            draw = self._length_draws[field] = LengthDraw(getattr(self.cfg.traffic, field))
+        return draw(self.lengths)
 
     # ---- sessions and turns --------------------------------------------------------------------
     def session(self, spec: SessionSpec):
+        """One user's conversation from its start (the world starts it at ``spec.start_s``)."""
         env, tr = self.env, self.cfg.traffic
-        if spec.start_s > env.now:
-            yield env.timeout(spec.start_s - env.now)
         if spec.trace is not None:  # a replayed trace request: its own prompt content and output length
             r = spec.trace
             turn = Turn(turn_id=f"{spec.session_id}-t0", session=spec, index=0, klass="chat", arrival_s=env.now,
@@ -58,10 +65,10 @@ class Clients:
         for k in range(spec.turns):
             klass = spec.klass if k == 0 or spec.klass in ("tool", "retrieval", "background") else "followup"
             if spec.klass == "long_context" and k == 0:
-                msg = draw_length(tr.long_context_tokens, self.lengths)
+                msg = self._draw_length("long_context_tokens")
             else:
-                msg = draw_length(tr.message_tokens, self.lengths)
-            out = tr.background_output_tokens if klass == "background" else draw_length(tr.output_tokens, self.lengths)
+                msg = self._draw_length("message_tokens")
+            out = tr.background_output_tokens if klass == "background" else self._draw_length("output_tokens")
             turn = Turn(turn_id=f"{spec.session_id}-t{k}", session=spec, index=k, klass=klass, arrival_s=env.now,
                         message_tokens=msg, output_tokens=out)
             outcome = yield from self.turn(turn)

@@ -42,6 +42,7 @@ class ConversationService:
         self.history: dict[str, list[HistoryTurn]] = {}
         self.records: dict[str, TurnRecord] = {}
         self.duplicate_completions = 0
+        self._head: dict[tuple[str, str, int, int], tuple[list[tuple[str, object]], int]] = {}
 
     # ---- idempotency -------------------------------------------------------------------------
     def begin(self, key: str) -> tuple[TurnRecord, bool]:
@@ -77,15 +78,7 @@ class ConversationService:
 
         Returns (pieces, prompt_tokens, history_turns_dropped).
         """
-        head: list[tuple[str, object]] = []
-        n = 0
-        if tenant.system_prompt_tokens:
-            head.append(("seg", (stable_hash(f"system/{tenant.name}/{tenant.prompt_version}"),
-                                 tenant.system_prompt_tokens)))
-            n += tenant.system_prompt_tokens
-        if tenant.tools_tokens:
-            head.append(("seg", (stable_hash(f"tools/{tenant.name}/{tenant.prompt_version}"), tenant.tools_tokens)))
-            n += tenant.tools_tokens
+        head, n = self._tenant_head(tenant)
         tail: list[tuple[str, object]] = [("seg", e) for e in extra if e[1] > 0]
         tail.append(("seg", (message_seg, message_tokens)))
         n_tail = sum(e[1] for e in extra) + message_tokens
@@ -106,6 +99,25 @@ class ConversationService:
             pieces.append(("seg", (h.answer_seg, h.answer_tokens)))
         pieces.extend(tail)
         return pieces, n + used + n_tail, len(hist) - len(keep)
+
+    def _tenant_head(self, tenant: TenantConfig) -> tuple[list[tuple[str, object]], int]:
+        """The system prompt and tool pieces every prompt of ``tenant`` starts with, and their tokens
+        (hashed once per tenant and prompt version, not per turn)."""
+        key = (tenant.name, tenant.prompt_version, tenant.system_prompt_tokens, tenant.tools_tokens)
+        got = self._head.get(key)
+        if got is None:
+            head: list[tuple[str, object]] = []
+            n = 0
+            if tenant.system_prompt_tokens:
+                head.append(("seg", (stable_hash(f"system/{tenant.name}/{tenant.prompt_version}"),
+                                     tenant.system_prompt_tokens)))
+                n += tenant.system_prompt_tokens
+            if tenant.tools_tokens:
+                head.append(("seg", (stable_hash(f"tools/{tenant.name}/{tenant.prompt_version}"),
+                                     tenant.tools_tokens)))
+                n += tenant.tools_tokens
+            got = self._head[key] = (head, n)
+        return got
 
     def persisted(self, delivered_tokens: int) -> int:
         """Tokens durable once the batch holding them is written (batches of ``persist_every_tokens``)."""

@@ -4,15 +4,18 @@ prefill/decode pools and bursting to an external API provider."""
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import simpy
+from simpy.events import NORMAL
 
 from twin.models.request import EngineRequest
 from twin.models.token_queue import QueueEntry
 from twin.models.tokens import TokenSeq
 from twin.policies import RequestFacts
+from twin.policies.queueing import QueueItem
 
 if TYPE_CHECKING:
     from twin.models.client import Turn
@@ -27,14 +30,138 @@ class Outcome:
 
 
 
-class Stream:
-    """The client's view of one generation's token stream."""
+def first_of(env: simpy.Environment, a: simpy.Event, b: simpy.Event) -> simpy.Event:
+    """``a | b`` for two pending events that never fail, without a ``Condition``.
 
-    __slots__ = ("first", "done", "delivered", "cancel_at", "cancel_reason", "disconnect_at", "cancelled", "req",
-                 "handle")
+    The event returned is scheduled when the first of ``a`` and ``b`` is processed, which is exactly when
+    ``a | b`` would be scheduled, so a process waiting on it resumes at the same point of the event order.
+    It carries no value: callers read their own flags, as they did with the condition. Spelled out for
+    speed: a turn waits like this once or twice, and a ``Condition`` builds its value and unhooks itself
+    from both events each time.
+    """
+    w = env.event()
+
+    def fire(_event: simpy.Event) -> None:
+        if not w.triggered:
+            w.succeed()
+
+    a.callbacks.append(fire)  # type: ignore[union-attr]
+    b.callbacks.append(fire)  # type: ignore[union-attr]
+    return w
+
+
+def schedule_at(env: simpy.Environment, event: simpy.Event, t_s: float, place: float) -> None:
+    """``env.schedule`` (normal priority) at the absolute time ``t_s`` with the given place among events
+    at that time (an event id, possibly taken earlier). Lets a timer keep the place in SimPy's event order
+    that a ``Timeout`` created earlier would have had, without sitting in the queue until then."""
+    heapq.heappush(env._queue, (t_s, NORMAL, place, event))
+
+
+class CallOffTimers:
+    """Timeouts that are nearly always called off before they fire (a client's patience for its first
+    token, 30 s, against a first token within a second): kept in a heap of their own, with only the
+    earliest one in SimPy's queue.
+
+    A timer takes its event id when it starts, as a ``Timeout`` created then would, and that one fires at
+    the same place in the event order (see :func:`schedule_at`); a called-off timer that is in SimPy's
+    queue fires as a no-op, as its ``Timeout`` would have, and puts the next one there. So the order of
+    everything that happens is unchanged, and a turn costs no timer event in the usual case.
+    """
 
     def __init__(self, env: simpy.Environment) -> None:
-        self.first = env.event()
+        self.env = env
+        self._heap: list[tuple[float, int, list]] = []  # (t_s, event id, entry); entry = [callback, armed]
+
+    def start(self, delay_s: float, callback) -> list:
+        """``callback()`` after ``delay_s`` unless called off; returns the handle for :meth:`call_off`."""
+        env = self.env
+        entry = [callback, False]
+        heapq.heappush(self._heap, (env.now + delay_s, next(env._eid), entry))
+        if self._heap[0][2] is entry:
+            self._arm()
+        return entry
+
+    @staticmethod
+    def call_off(entry: list) -> None:
+        entry[0] = None
+
+    def _arm(self) -> None:
+        t_s, place, entry = self._heap[0]
+        entry[1] = True
+        ev = simpy.Event(self.env)
+        ev._ok, ev._value = True, entry
+        ev.callbacks.append(self._fire)  # type: ignore[union-attr]
+        schedule_at(self.env, ev, t_s, place)
+
+    def _fire(self, ev: simpy.Event) -> None:
+        entry = ev._value
+        callback, entry[0] = entry[0], None
+        heap = self._heap
+        while heap and heap[0][2][0] is None:  # fired or called off
+            heapq.heappop(heap)
+        if heap and not heap[0][2][1]:
+            self._arm()
+        if callback is not None:
+            callback()
+
+
+def first_token_or_timeout(env: simpy.Environment, st: Stream, timers: CallOffTimers,
+                           timeout_s: float | None) -> simpy.Event:
+    """What a client waits on for its first token: ``st.first | env.timeout(timeout_s)`` (``st.first``
+    alone without a timeout), with one event and one resume less in the usual case, and the timeout
+    from ``timers`` (it is called off at the first token).
+
+    The generation code does nothing when it resumes from the first token but wait for ``st.done``. So
+    when the first token is processed while ``st.done`` is still pending, the waiting process is moved
+    onto ``st.done`` (it would have been waiting there from this moment anyway) instead of being resumed
+    through an event of its own, which would only put it there. Otherwise (the stream already ended, or
+    the timeout came first) the event returned is scheduled exactly when ``st.first | timeout`` would be
+    (without a timeout: the process resumes with ``st.first`` and then waits for ``st.done``, so it is
+    moved whenever ``st.done`` can still be waited on).
+    """
+    waiter = env.event()
+    decided = False
+
+    def on_first(_event: simpy.Event) -> None:
+        nonlocal decided
+        if decided:
+            return
+        decided = True
+        if timer is not None:
+            timers.call_off(timer)
+        done = st.done
+        if done.callbacks is not None and (timeout_s is None or not done.triggered):
+            done.callbacks.extend(waiter.callbacks)  # type: ignore[arg-type]
+            waiter.callbacks.clear()  # type: ignore[union-attr]
+        else:
+            waiter.succeed()
+
+    def on_timeout() -> None:
+        nonlocal decided
+        if decided:
+            return
+        decided = True
+        waiter.succeed()
+
+    timer = None if timeout_s is None else timers.start(timeout_s, on_timeout)
+    st.first.callbacks.append(on_first)  # type: ignore[union-attr]
+    return waiter
+
+
+class Stream:
+    """The client's view of one generation's token stream.
+
+    ``first_seen`` is set at the first token; ``first`` is an event only while the client waits for that
+    token (an event nobody waits on would still cost a trip through SimPy's queue). ``done`` succeeds when
+    the generation ends.
+    """
+
+    __slots__ = ("first", "first_seen", "done", "delivered", "cancel_at", "cancel_reason", "disconnect_at",
+                 "cancelled", "req", "handle")
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self.first: simpy.Event | None = None
+        self.first_seen = False
         self.done = env.event()
         self.delivered = 0
         self.cancel_at: int | None = None
@@ -53,6 +180,24 @@ class Generations:
         self.env = world.env
         self.cfg = world.cfg
         self.rng = rng
+        # model_for's two lookups, memoised: (cap, supports_tools) per model (config is frozen), and whether
+        # a model is placed inside a residency, recomputed when placements grow (the autoscaler adds some)
+        self._caps: dict[str, tuple[int, bool]] = {}
+        self._placed: dict[tuple[str, tuple[str, ...] | None], bool] = {}
+        self._placed_n = -1
+        self.timers = CallOffTimers(self.env)
+
+    def _is_placed(self, name: str, allowed) -> bool:
+        placements = self.w.placements
+        if len(placements) != self._placed_n:
+            self._placed.clear()
+            self._placed_n = len(placements)
+        key = (name, None if allowed is None else tuple(allowed))
+        hit = self._placed.get(key)
+        if hit is None:
+            hit = self._placed[key] = any(w_model == name and (allowed is None or region in allowed)
+                                          for (w_model, region) in placements)
+        return hit
 
     # ---- one generation --------------------------------------------------------------------------
     def model_for(self, turn: Turn, total_tokens: int, needs_tools: bool) -> str | None:
@@ -70,12 +215,13 @@ class Generations:
             if turn.version == "canary":
                 order = [c.canary_model if n == c.model else n for n in order]
         for name in order:
-            m = cfg.models[name]
-            cap = m.max_context_tokens or m.engine.max_model_len
-            if total_tokens > cap or (needs_tools and not m.supports_tools):
+            caps = self._caps.get(name)
+            if caps is None:
+                m = cfg.models[name]
+                caps = self._caps[name] = (m.max_context_tokens or m.engine.max_model_len, m.supports_tools)
+            if total_tokens > caps[0] or (needs_tools and not caps[1]):
                 continue
-            if not any(w_model == name and (allowed is None or region in allowed)
-                       for (w_model, region) in self.w.placements):
+            if not self._is_placed(name, allowed):
                 continue
             return name
         return None
@@ -127,11 +273,9 @@ class Generations:
             if rng.random() < ccfg.disconnect_share:
                 st.disconnect_at = int(rng.integers(1, output_tokens + 1))
         entry = QueueEntry(facts=facts, tokens=prompt_tokens + output_tokens, priority=0, arrival_s=env.now,
-                           dispatched=env.event(), allowed_regions=facts.allowed_regions, pool=pool)
+                           allowed_regions=facts.allowed_regions, pool=pool)
         entry.on_dispatch = lambda e, handle: self._submit(e, handle, seq, st, turn, output_tokens, record,
                                                            output_offset, max_tokens)
-        from twin.policies.queueing import QueueItem
-
         deadline = None if w.queue_eta_mode else self.cfg.queue.deadline_s
         item = QueueItem(request_id=gen_id, tier=spec.tenant.tier, tenant=spec.tenant.name,
                          prompt_tokens=prompt_tokens, expected_output_tokens=output_tokens,
@@ -141,33 +285,35 @@ class Generations:
             return Outcome("rejected", decision.reason, getattr(decision, "retry_after_s", None))
         w.rec.event(env.now, "request.queued", "queue", turn.turn_id, float(decision.eta_s), gen)
         patience = None if turn.klass == "background" else ccfg.patience_s
-        if w.queue_eta_mode and patience is not None and decision.eta_s > patience and not entry.dispatched.triggered:
+        if w.queue_eta_mode and patience is not None and decision.eta_s > patience and not entry.is_dispatched:
             w.queue.remove(entry)  # told an honest ETA longer than they will wait, users leave at once
             return Outcome("abandoned", "eta_too_long")
         t0 = env.now
-        if not entry.dispatched.triggered:
+        if not entry.is_dispatched:  # usually it left the queue inside offer(); else wait for it
+            entry.dispatched = env.event()
             limits = [x for x in (patience, deadline) if x is not None]
             if limits:
-                yield entry.dispatched | env.timeout(min(limits))
+                yield first_of(env, entry.dispatched, env.timeout(min(limits)))
             else:
                 yield entry.dispatched
-            if not entry.dispatched.triggered:
+            if not entry.is_dispatched:
                 w.queue.remove(entry)
                 if patience is not None and (deadline is None or patience <= deadline):
                     return Outcome("abandoned", "no_first_token")
                 return Outcome("rejected", "deadline_exceeded")
         w.rec.event(env.now, "request.dispatched", "router", turn.turn_id, None, entry.replica_id)
-        if not turn.first_token_seen and not st.first.triggered:
+        if not turn.first_token_seen and not st.first_seen:
+            st.first = env.event()
             if patience is not None:
                 remaining = max(patience - (env.now - t0), 0.0)
-                yield st.first | env.timeout(remaining)
-                if not st.first.triggered:
+                yield first_token_or_timeout(env, st, self.timers, remaining)
+                if not st.first_seen:
                     st.cancelled = True
                     st.handle.replica.cancel(st.req, "abandoned")
                     yield st.done
                     return Outcome("abandoned", "no_first_token", output_tokens=st.delivered)
             else:
-                yield st.first
+                yield first_token_or_timeout(env, st, self.timers, None)
         yield st.done
         reason = st.req.finished_reason
         if st.cancelled:
@@ -196,8 +342,10 @@ class Generations:
 
         def on_tokens(r: EngineRequest, m: int, t: float) -> None:
             st.delivered = r.num_output
-            if not st.first.triggered:
-                st.first.succeed()
+            if not st.first_seen:
+                st.first_seen = True
+                if st.first is not None:
+                    st.first.succeed()
                 if not turn.first_token_seen:
                     turn.first_token_seen = True
                     self.w.rec.event(t, "request.first_token", "client", turn.turn_id, float(r.num_cached_tokens or 0))
@@ -294,9 +442,9 @@ class Generations:
         w.router.sent(facts, decision.replica_id)
         handle = w.router.by_id[decision.replica_id]
         st = Stream(env)
-        st.first.succeed()
+        st.first_seen = True
         entry = QueueEntry(facts=facts, tokens=prompt_tokens + output_tokens, priority=0, arrival_s=env.now,
-                           dispatched=env.event(), allowed_regions=allowed, pool="decode", replica_id=decision.replica_id)
+                           allowed_regions=allowed, pool="decode", replica_id=decision.replica_id, is_dispatched=True)
         max_tokens = output_tokens if w.output_cap is None else min(output_tokens, w.output_cap)
         self._submit(entry, handle, seq, st, turn, output_tokens, record, output_offset, max(max_tokens, 2),
                      preloaded=(prompt_tokens, t_first))

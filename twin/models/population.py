@@ -8,6 +8,7 @@ the tenant's residency), and a class. Every draw comes from a named stream.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 
@@ -53,6 +54,7 @@ def trace_sessions(traffic, topology: TopologyConfig, *, seed: int, replication:
 
 
 _KAPPA: dict[float, float] = {}
+_I0: dict[float, float] = {}  # I0(k) per k: numpy's i0 costs microseconds and the world calls it per session
 
 
 def _kappa(peak_factor: float) -> float:
@@ -77,7 +79,10 @@ def diurnal_shape(hour: float, peak_factor: float, peak_hour: float) -> float:
     if peak_factor <= 1.0:
         return 1.0
     k = _kappa(peak_factor)
-    return math.exp(k * math.cos(2.0 * math.pi * (hour - peak_hour) / 24.0)) / float(np.i0(k))
+    i0 = _I0.get(k)
+    if i0 is None:
+        i0 = _I0[k] = float(np.i0(k))
+    return math.exp(k * math.cos(2.0 * math.pi * (hour - peak_hour) / 24.0)) / i0
 
 
 def _one_surge(t_s: float, s) -> float:
@@ -120,8 +125,47 @@ def turn_rate_per_s(t_s: float, traffic: PopulationTraffic, scale: float = 1.0) 
 
 
 def draw_length(cfg: LengthConfig, rng: np.random.Generator) -> int:
-    mu = math.log(cfg.mean) - cfg.sigma**2 / 2.0
-    return int(min(max(round(rng.lognormal(mu, cfg.sigma)), cfg.min), cfg.max))
+    return LengthDraw(cfg)(rng)
+
+
+class LengthDraw:
+    """:func:`draw_length` for one config, with the lognormal's ``mu`` computed once (the same float):
+    clients draw two lengths per turn."""
+
+    __slots__ = ("mu", "sigma", "lo", "hi")
+
+    def __init__(self, cfg: LengthConfig) -> None:
+        self.mu = math.log(cfg.mean) - cfg.sigma**2 / 2.0
+        self.sigma, self.lo, self.hi = cfg.sigma, cfg.min, cfg.max
+
+    def __call__(self, rng: np.random.Generator) -> int:
+        return int(min(max(round(rng.lognormal(self.mu, self.sigma)), self.lo), self.hi))
+
+
+class IndexDraw:
+    """``int(rng.choice(len(p), p=p))`` with the table built once.
+
+    numpy's ``choice`` with ``p`` normalises ``p.cumsum()`` by its last value, draws one uniform and
+    bisects to the right; this does the same arithmetic and the same single draw, so it returns the same
+    index and leaves the stream in the same place, without numpy's per-call argument checks (they cost
+    more than the draw, and the world draws three per session up front). A ``p`` numpy would refuse
+    (empty, negative, not finite, zero sum) is left to numpy, which raises as before.
+    """
+
+    __slots__ = ("p", "cdf")
+
+    def __init__(self, p: np.ndarray) -> None:
+        self.p = p = np.asarray(p, dtype=float)
+        self.cdf: list[float] | None = None
+        if len(p) and bool(np.all(np.isfinite(p))) and bool(np.all(p >= 0)) and p.sum() > 0:
+            cdf = p.cumsum()
+            cdf /= cdf[-1]
+            self.cdf = cdf.tolist()
+
+    def __call__(self, rng: np.random.Generator) -> int:
+        if self.cdf is None:
+            return int(rng.choice(len(self.p), p=self.p))
+        return bisect.bisect_right(self.cdf, rng.random())
 
 
 def sessions(traffic: PopulationTraffic, topology: TopologyConfig, *, seed: int, replication: int,
@@ -149,6 +193,15 @@ def sessions(traffic: PopulationTraffic, topology: TopologyConfig, *, seed: int,
             c = tn.classes
             v = np.array([c.chat, c.retrieval, c.tool, c.background, c.long_context], dtype=float)
             tenant_classes[tn.name] = v / v.sum()
+    # the draws' tables, built once per tenant (see IndexDraw)
+    draw_tenant = IndexDraw(t_share)
+    draw_class = [IndexDraw(tenant_classes.get(tn.name, c_share)) for tn in tenants]
+    draw_region = []
+    for tn in tenants:
+        allowed = [r for r in regions if tn.residency is None or r.name in tn.residency]
+        r_share = np.array([r.share for r in allowed], dtype=float)
+        r_share = r_share / r_share.sum() if r_share.sum() > 0 else np.full(len(allowed), 1.0 / len(allowed))
+        draw_region.append((allowed, IndexDraw(r_share)))
     out: list[SessionSpec] = []
     t = 0.0
     n = 0
@@ -161,14 +214,13 @@ def sessions(traffic: PopulationTraffic, topology: TopologyConfig, *, seed: int,
             continue
         if has_tenant_surges:
             w = np.array(tenant_weights(t, traffic), dtype=float)
-            tenant = tenants[int(rng.choice(len(tenants), p=w / w.sum()))]
+            i_tenant = int(rng.choice(len(tenants), p=w / w.sum()))
         else:
-            tenant = tenants[int(rng.choice(len(tenants), p=t_share))]
-        allowed = [r for r in regions if tenant.residency is None or r.name in tenant.residency]
-        r_share = np.array([r.share for r in allowed], dtype=float)
-        r_share = r_share / r_share.sum() if r_share.sum() > 0 else np.full(len(allowed), 1.0 / len(allowed))
-        region = allowed[int(rng.choice(len(allowed), p=r_share))].name
-        klass = CLASSES[int(rng.choice(len(CLASSES), p=tenant_classes.get(tenant.name, c_share)))]
+            i_tenant = draw_tenant(rng)
+        tenant = tenants[i_tenant]
+        allowed, draw_r = draw_region[i_tenant]
+        region = allowed[draw_r(rng)].name
+        klass = CLASSES[draw_class[i_tenant](rng)]
         turns = 1 if klass == "background" else int(rng.geometric(p_turns))
         out.append(SessionSpec(session_id=f"s{n:07d}", user_id=f"u{n:07d}", start_s=float(t), tenant=tenant,
                                region=region, klass=klass, turns=turns))

@@ -8,6 +8,7 @@ to the router while some eligible replica has room. Deadlines and patience are t
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from dataclasses import dataclass, field
@@ -16,6 +17,9 @@ import simpy
 
 from twin.models.router import Router
 from twin.policies import RequestFacts
+from twin.policies.queueing import QueueSnapshot
+
+_LN2 = math.log(2)
 
 
 @dataclass(slots=True)
@@ -24,7 +28,10 @@ class QueueEntry:
     tokens: int
     priority: int
     arrival_s: float
-    dispatched: simpy.Event
+    # set when the entry leaves the queue; ``dispatched`` is an event only while a client waits for that
+    # (an event nobody waits on would still cost a trip through SimPy's queue)
+    is_dispatched: bool = False
+    dispatched: simpy.Event | None = None
     seq: int = 0
     allowed_regions: tuple[str, ...] | None = None
     pool: str | None = None  # restrict to one pool (the prefill pool of a disaggregated model)
@@ -45,6 +52,7 @@ class TokenQueue:
         # queued (accepted, neither removed nor dispatched) entries and tokens per priority class, kept as
         # entries come and go so a snapshot does not walk the heap
         self._by_pri: dict[int, list[int]] = {}
+        self._pris: list[int] = []  # the keys of _by_pri, sorted (the snapshot lists classes in this order)
         self._seq = 0
         self.queued_tokens = 0
         self.in_flight_tokens = 0
@@ -59,20 +67,19 @@ class TokenQueue:
         """A generation ended having used ``tokens`` (prompt + output): update the drain-rate EWMA."""
         now = self.env.now
         dt = now - self._drain_t
-        decay = math.exp(-dt * math.log(2) / self._halflife) if dt > 0 else 1.0
-        self._drain = self._drain * decay + tokens * (math.log(2) / self._halflife)
+        decay = math.exp(-dt * _LN2 / self._halflife) if dt > 0 else 1.0
+        self._drain = self._drain * decay + tokens * (_LN2 / self._halflife)
         self._drain_t = now
         self.in_flight_tokens = max(self.in_flight_tokens - tokens, 0)
 
     def drain_tokens_per_s(self) -> float:
         dt = self.env.now - self._drain_t
-        return self._drain * (math.exp(-dt * math.log(2) / self._halflife) if dt > 0 else 1.0)
+        return self._drain * (math.exp(-dt * _LN2 / self._halflife) if dt > 0 else 1.0)
 
     # ---- entries ---------------------------------------------------------------------------------
     def snapshot(self):
-        from twin.policies.queueing import QueueSnapshot
-
-        by_pri = tuple(sorted((pri, c[1]) for pri, c in self._by_pri.items() if c[0] > 0))
+        by_pri = self._by_pri
+        by_pri = tuple([(pri, by_pri[pri][1]) for pri in self._pris if by_pri[pri][0] > 0])
         return QueueSnapshot(now_s=self.env.now, queued_tokens=self.queued_tokens,
                              capacity_tokens=getattr(self.policy, "capacity_tokens", None),
                              queued_by_priority=by_pri,
@@ -95,7 +102,7 @@ class TokenQueue:
 
     def remove(self, entry: QueueEntry) -> bool:
         """Withdraw a queued entry (deadline, patience, cancel). False if already dispatched."""
-        if entry.removed or entry.dispatched.triggered:
+        if entry.removed or entry.is_dispatched:
             return False
         entry.removed = True
         self._count_in(entry, -1)
@@ -107,6 +114,7 @@ class TokenQueue:
         c = self._by_pri.get(entry.priority)
         if c is None:
             c = self._by_pri[entry.priority] = [0, 0]
+            bisect.insort(self._pris, entry.priority)
         c[0] += sign
         c[1] += sign * entry.tokens
 
@@ -147,7 +155,9 @@ class TokenQueue:
                 e.replica_id = decision.replica_id
                 self.router.sent(e.facts, decision.replica_id)
                 e.on_dispatch(e, self.router.by_id[decision.replica_id])  # type: ignore[operator]
-                e.dispatched.succeed(decision.replica_id)
+                e.is_dispatched = True
+                if e.dispatched is not None:
+                    e.dispatched.succeed(decision.replica_id)
             for item in blocked:
                 heapq.heappush(heap, item)
         finally:

@@ -45,10 +45,16 @@ class QueueSnapshot:
             raise ValueError("token counts and drain rate must be >= 0")
         if self.capacity_tokens is not None and self.capacity_tokens < 0:
             raise ValueError("capacity_tokens must be >= 0 or None")
-        priorities = [p for p, _ in self.queued_by_priority]
-        if len(set(priorities)) != len(priorities) or any(t < 0 for _, t in self.queued_by_priority):
-            raise ValueError(f"queued_by_priority needs distinct classes and tokens >= 0: {self.queued_by_priority}")
-        if sum(t for _, t in self.queued_by_priority) != self.queued_tokens:
+        # one pass over the (few) classes: a snapshot is built for every offered request
+        seen: set[int] = set()
+        total = 0
+        for p, t in self.queued_by_priority:
+            if p in seen or t < 0:
+                raise ValueError(
+                    f"queued_by_priority needs distinct classes and tokens >= 0: {self.queued_by_priority}")
+            seen.add(p)
+            total += t
+        if total != self.queued_tokens:
             raise ValueError("queued_by_priority must sum to queued_tokens")
 
     def tokens_at_or_above(self, priority: int) -> int:
