@@ -9,7 +9,8 @@ import pytest
 import simpy
 
 import twin.models.fleet as fleet_mod
-from twin.models.generation import CallOffTimers, Stream, first_of, first_token_or_timeout
+from twin.models.generation import Stream, first_token_or_timeout
+from twin.models.waits import CallOffTimers, first_of
 from twin.models.population import IndexDraw
 from twin.runner import run_scenario
 from twin.scenario import load_scenario

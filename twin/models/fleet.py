@@ -16,7 +16,7 @@ from twin.models.client import Clients
 from twin.models.conversation import ConversationService
 from twin.models.engine import Engine
 from twin.models.gateway import Gateway
-from twin.models.generation import schedule_at
+from twin.models.waits import schedule_at
 from twin.models.population import sessions
 from twin.models.recorder import Recorder
 from twin.models.replica import Replica

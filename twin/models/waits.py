@@ -1,0 +1,90 @@
+"""Waiting in SimPy without the cost of its general machinery, at exactly the place in the event order the
+general form would take: ``first_of`` (``a | b`` without a ``Condition``), ``schedule_at`` (an event at an
+earlier-taken place) and ``CallOffTimers`` (timeouts that are nearly always called off).
+
+These reach into SimPy 4.1's event queue (``env._queue``: ``(time, priority, id, event)``) and its event-id
+counter (``env._eid``); pyproject pins simpy below 4.2 for that reason, and tests/test_client_paths.py checks
+each one against the construction it replaces.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import simpy
+from simpy.events import NORMAL
+
+
+def first_of(env: simpy.Environment, a: simpy.Event, b: simpy.Event) -> simpy.Event:
+    """``a | b`` for two pending events that never fail, without a ``Condition``.
+
+    The event returned is scheduled when the first of ``a`` and ``b`` is processed, which is exactly when
+    ``a | b`` would be scheduled, so a process waiting on it resumes at the same point of the event order.
+    It carries no value: callers read their own flags, as they did with the condition. Spelled out for
+    speed: a turn waits like this once or twice, and a ``Condition`` builds its value and unhooks itself
+    from both events each time.
+    """
+    w = env.event()
+
+    def fire(_event: simpy.Event) -> None:
+        if not w.triggered:
+            w.succeed()
+
+    a.callbacks.append(fire)  # type: ignore[union-attr]
+    b.callbacks.append(fire)  # type: ignore[union-attr]
+    return w
+
+
+def schedule_at(env: simpy.Environment, event: simpy.Event, t_s: float, place: float) -> None:
+    """``env.schedule`` (normal priority) at the absolute time ``t_s`` with the given place among events
+    at that time (an event id, possibly taken earlier). Lets a timer keep the place in SimPy's event order
+    that a ``Timeout`` created earlier would have had, without sitting in the queue until then."""
+    heapq.heappush(env._queue, (t_s, NORMAL, place, event))
+
+
+class CallOffTimers:
+    """Timeouts that are nearly always called off before they fire (a client's patience for its first
+    token, 30 s, against a first token within a second): kept in a heap of their own, with only the
+    earliest one in SimPy's queue.
+
+    A timer takes its event id when it starts, as a ``Timeout`` created then would, and that one fires at
+    the same place in the event order (see :func:`schedule_at`); a called-off timer that is in SimPy's
+    queue fires as a no-op, as its ``Timeout`` would have, and puts the next one there. So the order of
+    everything that happens is unchanged, and a turn costs no timer event in the usual case.
+    """
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self.env = env
+        self._heap: list[tuple[float, int, list]] = []  # (t_s, event id, entry); entry = [callback, armed]
+
+    def start(self, delay_s: float, callback) -> list:
+        """``callback()`` after ``delay_s`` unless called off; returns the handle for :meth:`call_off`."""
+        env = self.env
+        entry = [callback, False]
+        heapq.heappush(self._heap, (env.now + delay_s, next(env._eid), entry))
+        if self._heap[0][2] is entry:
+            self._arm()
+        return entry
+
+    @staticmethod
+    def call_off(entry: list) -> None:
+        entry[0] = None
+
+    def _arm(self) -> None:
+        t_s, place, entry = self._heap[0]
+        entry[1] = True
+        ev = simpy.Event(self.env)
+        ev._ok, ev._value = True, entry
+        ev.callbacks.append(self._fire)  # type: ignore[union-attr]
+        schedule_at(self.env, ev, t_s, place)
+
+    def _fire(self, ev: simpy.Event) -> None:
+        entry = ev._value
+        callback, entry[0] = entry[0], None
+        heap = self._heap
+        while heap and heap[0][2][0] is None:  # fired or called off
+            heapq.heappop(heap)
+        if heap and not heap[0][2][1]:
+            self._arm()
+        if callback is not None:
+            callback()
