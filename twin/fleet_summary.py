@@ -31,23 +31,12 @@ def _itl_by_group(engines) -> tuple[dict[str | None, tuple[np.ndarray, np.ndarra
     order, plan = _itl_plan(engines)
     if not plan:
         return {}, np.zeros(0), np.zeros(0)
-    sizes = np.zeros(len(order), dtype=np.int64)
-    for _e, to_global, counts in plan:
-        np.add.at(sizes, to_global[counts > 0], counts[counts > 0])
-    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    bounds, placed = _itl_layout(plan, len(order))
     v_all = np.empty(int(bounds[-1]), dtype=np.float64)
     w_all = np.empty(int(bounds[-1]), dtype=np.float64)
-    cursor = bounds[:-1].copy()
-    for e, to_global, counts in plan:
-        codes, _labels = _engine_codes(e)
-        v = np.asarray(e.itl_values, dtype=np.float64)
-        w = np.asarray(e.itl_weights, dtype=np.float64)
-        for c in np.flatnonzero(counts):
-            g, k = to_global[c], int(counts[c])
-            sel = slice(None) if k == v.size else codes == c
-            v_all[cursor[g]:cursor[g] + k] = v[sel]
-            w_all[cursor[g]:cursor[g] + k] = w[sel]
-            cursor[g] += k
+    for _g, slot, v, w in placed:
+        v_all[slot] = v
+        w_all[slot] = w
     by_group = {label: (v_all[bounds[i]:bounds[i + 1]], w_all[bounds[i]:bounds[i + 1]]) for label, i in order.items()}
     return by_group, v_all, w_all
 
@@ -69,6 +58,29 @@ def _itl_plan(engines):
     return order, plan
 
 
+def _itl_layout(plan, n_groups: int):
+    """Where each engine's gaps go in the group-by-group order: the groups' bounds, and an iterator of
+    (group id, slot in the whole sample, the engine's values and weights of that group) in placing order."""
+    sizes = np.zeros(n_groups, dtype=np.int64)
+    for _e, to_global, counts in plan:
+        np.add.at(sizes, to_global[counts > 0], counts[counts > 0])
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+
+    def placed():
+        cursor = bounds[:-1].copy()
+        for e, to_global, counts in plan:
+            codes, _labels = _engine_codes(e)
+            v = np.asarray(e.itl_values, dtype=np.float64)
+            w = np.asarray(e.itl_weights, dtype=np.float64)
+            for c in np.flatnonzero(counts):
+                g, k = to_global[c], int(counts[c])
+                sel = slice(None) if k == v.size else codes == c
+                yield g, slice(int(cursor[g]), int(cursor[g]) + k), v[sel], w[sel]
+                cursor[g] += k
+
+    return bounds, placed()
+
+
 def _itl_distributions(engines) -> tuple[dict, dict[str | None, dict]]:
     """The ``distribution`` of every engine's inter-token gaps, and of each group's: the same dicts as
     ``distribution`` gives on the gaps concatenated group by group (groups in first-seen order, each
@@ -81,23 +93,12 @@ def _itl_distributions(engines) -> tuple[dict, dict[str | None, dict]]:
     order, plan = _itl_plan(engines)
     if not plan:
         return distribution([]), {}
-    sizes = np.zeros(len(order), dtype=np.int64)
-    for _e, to_global, counts in plan:
-        np.add.at(sizes, to_global[counts > 0], counts[counts > 0])
-    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    bounds, placed = _itl_layout(plan, len(order))
     weighted = np.empty(int(bounds[-1]), dtype=np.float64)
     weight = np.zeros(len(order), dtype=np.float64)  # whole numbers: exact in any order
-    cursor = bounds[:-1].copy()
-    for e, to_global, counts in plan:
-        codes, _labels = _engine_codes(e)
-        v = np.asarray(e.itl_values, dtype=np.float64)
-        w = np.asarray(e.itl_weights, dtype=np.float64)
-        for c in np.flatnonzero(counts):
-            g, k = to_global[c], int(counts[c])
-            sel = slice(None) if k == v.size else codes == c
-            np.multiply(v[sel], w[sel], out=weighted[cursor[g]:cursor[g] + k])
-            weight[g] += w[sel].sum()
-            cursor[g] += k
+    for g, slot, v, w in placed:
+        np.multiply(v, w, out=weighted[slot])
+        weight[g] += w.sum()
 
     def parts():
         for e, to_global, _counts in plan:
