@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from pydantic import Field
@@ -143,6 +143,42 @@ class ApproxPrefixIndex:
             out.append(n)
         return out
 
+    def matcher(self, block_hashes: Sequence[int], now_s: float) -> Callable[[str], int]:
+        """``replica_id -> match_blocks(replica_id, block_hashes, now_s)``, for a router that matches only
+        some candidates (the loop of ``match_many`` as a closure; ``match_many`` keeps its inline loop,
+        as a call per candidate costs it more than it saves)."""
+        search = self._search and self._prefix_closed(block_hashes)
+        lrus, expire = self._lru, self._expire
+
+        def match(replica_id: str) -> int:
+            lru = lrus.get(replica_id)
+            if not lru:
+                return 0
+            expire(lru, now_s)
+            if search:
+                lo, hi = 0, len(block_hashes)
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if block_hashes[mid] in lru:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                return lo
+            n = 0
+            for h in block_hashes:
+                if h not in lru:
+                    break
+                n += 1
+            return n
+
+        return match
+
+    def holds(self, replica_id: str, block_hash: int) -> bool:
+        """False only when ``block_hash`` is surely not in ``replica_id``'s LRU, so a match there stops
+        before it (True may still be an entry past its TTL, which a match would expire first)."""
+        lru = self._lru.get(replica_id)
+        return lru is not None and block_hash in lru
+
     def _prefix_closed(self, block_hashes: Sequence[int]) -> bool:
         """Each block of the prompt after the first that has a recorded predecessor has the prompt's
         previous block."""
@@ -216,9 +252,9 @@ class _PrefixIndexRouter(BaseRouter):
                 self.index.stop_searching()
 
     def _observe(self, replicas: Sequence[ReplicaSnapshot], now_s: float) -> None:
-        for r in replicas:
-            if not r.healthy:
-                self.index.forget(r.replica_id)
+        # one comprehension: this sees every snapshot of every decision, and nearly all are healthy
+        for replica_id in [r.replica_id for r in replicas if not r.healthy]:
+            self.index.forget(replica_id)
 
     def on_routed(self, request: RequestFacts, replica_id: str, now_s: float) -> None:
         self.index.record(replica_id, request.block_hashes, now_s)
@@ -264,10 +300,68 @@ class LlmDScorerRouter(_PrefixIndexRouter):
 
     def _choose(self, request: RequestFacts, candidates: list[ReplicaSnapshot], now_s: float) -> RoutingDecision:
         self._size_index(len(candidates))
+        if not self.keep_scores:
+            return RoutingDecision(self._best(request, candidates, now_s), "llm_d_scorer (score, higher wins)")
         totals = self.scores(request, candidates, now_s)
         best = min(range(len(candidates)), key=lambda i: (-totals[i], candidates[i].replica_id))
         scores = tuple(zip([c.replica_id for c in candidates], totals, strict=True))
         return RoutingDecision(candidates[best].replica_id, "llm_d_scorer (score, higher wins)", scores)
+
+    def _best(self, request: RequestFacts, candidates: list[ReplicaSnapshot], now_s: float) -> str:
+        """The replica ``scores`` ranks first (ties by ``replica_id``), matching only the candidates that
+        can still win.
+
+        A candidate's total is at most its total with a full prefix match (``m / n_blocks <= 1.0``, and
+        float multiplication by a weight >= 0 and float addition are monotone, so the bound is exact:
+        it is the same expression evaluated at 1.0). Candidates are matched in descending bound order
+        until a bound falls below the best exact total found, so the index is asked about the few
+        replicas whose queue and KV scores leave them a chance, not every replica of the fleet; equal
+        bounds are still matched, so ties break as in the full scan. Lookups skipped here also skip
+        those replicas' TTL expiry, which changes no answer: expired blocks are the oldest in an LRU,
+        so the next match, record or capacity eviction there removes them first all the same.
+        """
+        p = self.params
+        pw, qw, kw = p.prefix_weight, p.queue_weight, p.kv_usage_weight
+        hashes = request.block_hashes
+        n_blocks = len(hashes)
+        q = [c.num_waiting for c in candidates]
+        q_lo, q_hi = min(q), max(q)
+        # the queue and kv terms exactly as scores() computes them; its total is (prefix + queue) + kv
+        if q_hi == q_lo:
+            queue = [qw * 1.0] * len(candidates)
+        else:
+            span = q_hi - q_lo
+            queue = [qw * ((q_hi - w) / span) for w in q]
+        kv = [kw * (1.0 - c.kv_usage) for c in candidates]
+        if not n_blocks:
+            zero = pw * 0.0
+            totals = [zero + a + b for a, b in zip(queue, kv)]
+            best = min(range(len(candidates)), key=lambda i: (-totals[i], candidates[i].replica_id))
+            return candidates[best].replica_id
+        bounds = [pw + a + b for a, b in zip(queue, kv)]  # pw * (n_blocks / n_blocks) == pw
+        # descending bound; equal bounds keep the candidates' replica_id order (a reverse sort is stable)
+        order = sorted(range(len(candidates)), key=bounds.__getitem__, reverse=True)
+        index = self.index
+        match = index.matcher(hashes, now_s)
+        best_total = -math.inf
+        best_id = ""
+        for i in order:
+            if bounds[i] < best_total:
+                break
+            rid = candidates[i].replica_id
+            a, b = queue[i], kv[i]
+            if pw and best_total > -math.inf:
+                # A tighter bound for one lookup: if block k is not held there, the match stops at or
+                # before it, so the total is at most its value at k blocks. k is picked as the largest
+                # count whose total may fall below the best (the float estimate only picks k; the
+                # pruning test is the exact expression).
+                k = min(math.ceil((best_total - a - b) / pw * n_blocks) - 1, n_blocks - 1)
+                if k >= 0 and pw * (k / n_blocks) + a + b < best_total and not index.holds(rid, hashes[k]):
+                    continue
+            total = pw * (match(rid) / n_blocks) + a + b
+            if total > best_total or (total == best_total and rid < best_id):
+                best_total, best_id = total, rid
+        return best_id
 
 
 # ------------------------------------------------------------------------------------------ Dynamo KV cost
