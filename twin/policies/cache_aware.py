@@ -99,8 +99,10 @@ class ApproxPrefixIndex:
         pred.update(zip(block_hashes[known:], block_hashes[known - 1:-1]))
         self._checked = ((), True, None)  # new entries: an answer cached before may have changed
         if len(pred) > self._prune_at:
-            self._pred = pred = {h: pred[h] for lru in self._lru.values() for h in lru} | {
-                h: pred[h] for h in block_hashes}
+            # the blocks some LRU holds, each once (the shared system prompts sit in every replica's LRU,
+            # so a comprehension over the LRUs looked up the same block once per replica), all in C
+            keep = set(block_hashes).union(*self._lru.values())
+            self._pred = pred = dict(zip(keep, map(pred.__getitem__, keep)))
             self._prune_at = max(2 * len(pred), 4 * self.capacity_blocks)
 
     def _conflict(self) -> None:
@@ -401,6 +403,8 @@ class DynamoKvCostRouter(_PrefixIndexRouter):
 
     def _choose(self, request: RequestFacts, candidates: list[ReplicaSnapshot], now_s: float) -> RoutingDecision:
         self._size_index(len(candidates))
+        if not self.keep_scores and self.params.temperature == 0.0:
+            return RoutingDecision(self._cheapest(request, candidates, now_s), "dynamo_kv_cost (cost, lower wins)")
         costs = self.costs(request, candidates, now_s)
         scores = tuple(zip([c.replica_id for c in candidates], costs, strict=True))
         if self.params.temperature == 0.0:
@@ -419,3 +423,42 @@ class DynamoKvCostRouter(_PrefixIndexRouter):
                 pick = i
                 break
         return RoutingDecision(candidates[pick].replica_id, "dynamo_kv_cost: softmax sample (cost, lower wins)", scores)
+
+    def _cheapest(self, request: RequestFacts, candidates: list[ReplicaSnapshot], now_s: float) -> str:
+        """The replica ``costs`` ranks first (ties by ``replica_id``), matching only the candidates that
+        can still win: ``LlmDScorerRouter._best`` turned around. A candidate's cost is at least its cost
+        with every matchable block cached (the same integer and float expression, which only grows as
+        fewer blocks are cached), and if the block a cheaper match would need is not in its index, at
+        least its cost with the match stopping there."""
+        p = self.params
+        bs, w = p.block_size_tokens, p.overlap_score_weight
+        hashes = request.block_hashes
+        n_blocks = len(hashes)
+        prompt_blocks = math.ceil(request.prompt_tokens / bs)
+        decode = [math.ceil(c.outstanding_tokens / bs) + prompt_blocks for c in candidates]
+        most = min(n_blocks, prompt_blocks)
+        bounds = [w * (prompt_blocks - most) + d for d in decode]
+        # ascending bound; equal bounds keep the candidates' replica_id order (the sort is stable)
+        order = sorted(range(len(candidates)), key=bounds.__getitem__)
+        index = self.index
+        match = index.matcher(hashes, now_s) if most else None
+        best_cost = math.inf
+        best_id = ""
+        for i in order:
+            if bounds[i] > best_cost:
+                break
+            rid = candidates[i].replica_id
+            d = decode[i]
+            if match is None:
+                cost = w * prompt_blocks + d  # nothing to match: cached is 0
+            else:
+                if w and best_cost < math.inf:
+                    # one lookup: without block k the match stops at or before it (k picked by a float
+                    # estimate; the pruning test is the exact expression)
+                    k = min(math.ceil(prompt_blocks - (best_cost - d) / w) - 1, most - 1)
+                    if k >= 0 and w * (prompt_blocks - k) + d > best_cost and not index.holds(rid, hashes[k]):
+                        continue
+                cost = w * (prompt_blocks - min(match(rid), prompt_blocks)) + d
+            if cost < best_cost or (cost == best_cost and rid < best_id):
+                best_cost, best_id = cost, rid
+        return best_id
