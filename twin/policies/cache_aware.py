@@ -247,10 +247,14 @@ class _PrefixIndexRouter(BaseRouter):
         self._index_sized = False
 
     def _size_index(self, num_candidates: int) -> None:
-        """On the first decision, keep the index's binary search only for a fleet large enough to pay."""
+        """On the first decision, keep the index's binary search only for a fleet large enough to pay,
+        and only while every candidate is matched: with scores omitted a decision matches a few
+        candidates, and the search's bookkeeping on every routed prompt then costs more than it saves
+        (measured in the fleet benchmark at scale 0.16 and 0.32: router CPU per turn about a third lower
+        scanning). Answers are the same either way."""
         if not self._index_sized:
             self._index_sized = True
-            if num_candidates < SEARCH_MIN_CANDIDATES:
+            if num_candidates < SEARCH_MIN_CANDIDATES or not self.keep_scores:
                 self.index.stop_searching()
 
     def _observe(self, replicas: Sequence[ReplicaSnapshot], now_s: float) -> None:
