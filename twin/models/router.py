@@ -52,6 +52,9 @@ class Router:
         self.handles = replicas
         self.by_id = {h.scope: h for h in replicas}
         self.policy = build_router(policy_config, seed=seed)
+        # the twin records where a request went, never the per-candidate scores, so the policy may
+        # choose without scoring every candidate (same choice; see BaseRouter.omit_scores)
+        self.policy.omit_scores()
         self.scrape_interval_s = scrape_interval_s
         self.rec = recorder
         self.snapshots: list[ReplicaSnapshot] = []

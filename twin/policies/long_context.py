@@ -44,6 +44,10 @@ class LongContextPoolRouter(BaseRouter):
 
         self.inner = build_router(self.params.inner, seed=mix64(seed ^ stable_hash_str("long_context_pool.inner")))
 
+    def omit_scores(self) -> None:
+        super().omit_scores()
+        self.inner.omit_scores()
+
     def route(self, request: RequestFacts, replicas: Sequence[ReplicaSnapshot], now_s: float) -> RoutingDecision:
         if request.needs_long_context:
             allowed, note = replicas, "long request"

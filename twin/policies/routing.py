@@ -38,6 +38,14 @@ class BaseRouter(PolicyBase[RouterParams]):
     def __init__(self, params: RouterParams, *, seed: int) -> None:
         super().__init__(params, seed=seed)
         self.rng = SplitMix64(seed)
+        # RoutingDecision.scores lists every candidate by default (for logs and the dashboard). A host
+        # that never reads them calls omit_scores(); a router may then leave scores empty and choose
+        # without scoring every candidate. The choice is the same either way.
+        self.keep_scores = True
+
+    def omit_scores(self) -> None:
+        """The host never reads ``RoutingDecision.scores``: decisions may leave them empty (same choice)."""
+        self.keep_scores = False
 
     def route(self, request: RequestFacts, replicas: Sequence[ReplicaSnapshot], now_s: float) -> RoutingDecision:
         self._observe(replicas, now_s)
