@@ -1,0 +1,47 @@
+"""The quiet-machine calibration set (tests/fixtures/calibration/cpu-tiny-llama-quiet): the profile and the
+fidelity table committed beside the recordings are what `twin calibrate` and `twin fidelity` give on them
+today, so the table quoted in docs/calibration.md is reproducible from the repository."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from twin.calibration.calibrate import calibrate
+from twin.calibration.fidelity import fidelity
+from twin.engine_profiles import load_profile
+
+QUIET = Path(__file__).resolve().parent / "fixtures" / "calibration" / "cpu-tiny-llama-quiet"
+
+
+def test_the_committed_profile_is_the_fit_of_the_committed_sweep() -> None:
+    runs = sorted(p for p in (QUIET / "calibration").iterdir() if (p / "run.json").exists())
+    assert len(runs) == 9
+    refit = calibrate(runs, name="cpu-tiny-llama", command="test").spec
+    committed = load_profile(str(QUIET / "cpu-tiny-llama.yaml")).spec
+    for regime in ("decode", "prefill"):
+        for k, v in getattr(refit.step_time, regime).model_dump().items():
+            assert getattr(getattr(committed.step_time, regime), k) == pytest.approx(v, rel=1e-9, abs=1e-15)
+    assert committed.step_time.overhead_s == pytest.approx(refit.step_time.overhead_s, rel=1e-9)
+    assert committed.server is not None and refit.server is not None
+    assert committed.server.arrival_s == pytest.approx(refit.server.arrival_s, rel=1e-9)
+    assert committed.server.per_chunk_s == pytest.approx(refit.server.per_chunk_s, rel=1e-9)
+
+
+def test_the_committed_fidelity_table_is_what_fidelity_gives() -> None:
+    runs = sorted([*(QUIET / "held-out").iterdir(), *(QUIET / "held-out-repeat2").iterdir()])
+    report = fidelity(runs, profile=str(QUIET / "cpu-tiny-llama.yaml"))
+    committed = json.loads((QUIET / "fidelity-held-out.json").read_text())
+    assert report["summary"] == committed["summary"]
+    assert committed["summary"]["passed"] == 47 and committed["summary"]["items"] == 84
+    got = {(r["run"].split("cpu-tiny-llama-quiet/")[-1], k): (i["pass"], i["twin"])
+           for r in report["runs"] for k, i in r["items"].items()}
+    want = {(r["run"].split("cpu-tiny-llama/")[-1], k): (i["pass"], i["twin"])
+            for r in committed["runs"] for k, i in r["items"].items()}
+    assert set(got) == set(want)
+    for key, (ok, twin) in want.items():
+        assert got[key][0] == ok, key
+        if isinstance(twin, float):
+            assert got[key][1] == pytest.approx(twin, rel=1e-9), key
