@@ -28,14 +28,12 @@ def test_the_committed_profile_is_the_fit_of_the_committed_sweep() -> None:
     assert committed.server is not None and refit.server is not None
     assert committed.server.arrival_s == pytest.approx(refit.server.arrival_s, rel=1e-9)
     assert committed.server.per_chunk_s == pytest.approx(refit.server.per_chunk_s, rel=1e-9)
+    assert committed.step_time_noise == refit.step_time_noise
+    assert committed.server.step_time_noise == refit.server.step_time_noise
 
 
-def test_the_committed_fidelity_table_is_what_fidelity_gives() -> None:
-    runs = sorted([*(QUIET / "held-out").iterdir(), *(QUIET / "held-out-repeat2").iterdir()])
-    report = fidelity(runs, profile=str(QUIET / "cpu-tiny-llama.yaml"))
-    committed = json.loads((QUIET / "fidelity-held-out.json").read_text())
+def _check_table(report: dict, committed: dict) -> None:
     assert report["summary"] == committed["summary"]
-    assert committed["summary"]["passed"] == 47 and committed["summary"]["items"] == 84
     got = {(r["run"].split("cpu-tiny-llama-quiet/")[-1], k): (i["pass"], i["twin"])
            for r in report["runs"] for k, i in r["items"].items()}
     want = {(r["run"].split("cpu-tiny-llama/")[-1], k): (i["pass"], i["twin"])
@@ -45,3 +43,21 @@ def test_the_committed_fidelity_table_is_what_fidelity_gives() -> None:
         assert got[key][0] == ok, key
         if isinstance(twin, float):
             assert got[key][1] == pytest.approx(twin, rel=1e-9), key
+
+
+def test_the_committed_fidelity_table_is_what_fidelity_gives() -> None:
+    runs = sorted([*(QUIET / "held-out").iterdir(), *(QUIET / "held-out-repeat2").iterdir()])
+    report = fidelity(runs, profile=str(QUIET / "cpu-tiny-llama.yaml"))
+    committed = json.loads((QUIET / "fidelity-held-out.json").read_text())
+    assert committed["summary"]["passed"] == 47 and committed["summary"]["items"] == 84
+    _check_table(report, committed)
+
+
+def test_the_committed_noise_table_is_what_fidelity_noise_gives() -> None:
+    """`twin fidelity --noise` (the profile's fitted step-time noise, seeded per run): 53 of 84 with this seed."""
+    runs = sorted([*(QUIET / "held-out").iterdir(), *(QUIET / "held-out-repeat2").iterdir()])
+    report = fidelity(runs, profile=str(QUIET / "cpu-tiny-llama.yaml"), noise=True)
+    committed = json.loads((QUIET / "fidelity-held-out-noise.json").read_text())
+    assert committed["step_time_noise"] is True
+    assert committed["summary"]["passed"] == 53 and committed["summary"]["items"] == 84
+    _check_table(report, committed)

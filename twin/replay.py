@@ -15,6 +15,7 @@ Offline runs, and profiles without a ``server`` section, replay as before.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +61,39 @@ class RecordedStepTimes:
         raise RuntimeError("recorded step times are consumed one step at a time (decode runs are off)")
 
 
+class NoisyStepTimes:
+    """A step-time model whose every step's model-execution time is multiplied by a draw from the profile's
+    fitted ``step_time_noise`` (``measured / fitted`` percentiles of the calibration steps, per regime).
+
+    The time outside model execution (``fixed_s(requests_in_step)``: the per-step overhead, plus the server
+    front end) is left as modelled; the noise was measured on ``elapsed_ms``, which does not include it.
+    Draws are inverse-CDF on the 101 percentiles (linear in between) from a ``numpy`` generator seeded by the
+    caller, consumed in step order, so the same run and profile give the same table.
+    """
+
+    def __init__(self, base: StepTimeModel, noise: Any, *, seed: int,
+                 fixed_s: Callable[[int], float]) -> None:  # noise: a StepTimeNoise
+        self.base = base
+        self.fixed_s = fixed_s
+        self.overhead_s = getattr(base, "overhead_s", 0.0)
+        self._grid = np.linspace(0.0, 1.0, 101)
+        self._decode = np.asarray(noise.decode, dtype=np.float64)
+        self._prefill = np.asarray(noise.prefill, dtype=np.float64)
+        self._rng = np.random.default_rng(seed)
+
+    def step_time_s(self, shape: StepShape) -> float:
+        t = self.base.step_time_s(shape)
+        fixed = self.fixed_s(shape.decode_requests + shape.prefill_requests)
+        q = self._decode if shape.prefill_requests == 0 else self._prefill
+        ratio = float(np.interp(self._rng.random(), self._grid, q))
+        return fixed + (t - fixed) * ratio
+
+    def decode_run_s(self, decode_requests: int, decode_context_tokens: int, num_steps: int) -> np.ndarray:
+        t = self.base.decode_run_s(decode_requests, decode_context_tokens, num_steps)
+        fixed = self.fixed_s(decode_requests)
+        return fixed + (t - fixed) * np.interp(self._rng.random(num_steps), self._grid, self._decode)
+
+
 def request_specs(rec: RecordedRun, *, arrival_delay_s: float = 0.0) -> list[RequestSpec]:
     """The recorded requests; each reaches the engine ``arrival_delay_s`` after its recorded send time."""
     specs = []
@@ -102,8 +136,12 @@ def server_front_end(rec: RecordedRun, profile: str | None) -> Any:
     return load_profile(profile).spec.server
 
 
-def replay(rec: RecordedRun, *, profile: str | None, step_times: str = "profile") -> RunResult:
-    """Simulate ``rec`` in the twin. ``step_times`` is ``"profile"`` or ``"recorded"``."""
+def replay(rec: RecordedRun, *, profile: str | None, step_times: str = "profile", noise: bool = False
+           ) -> RunResult:
+    """Simulate ``rec`` in the twin. ``step_times`` is ``"profile"`` or ``"recorded"``. ``noise``: multiply
+    each profile step time by a draw from the profile's fitted ``step_time_noise`` (``NoisyStepTimes``, seeded
+    by the run's folder name); an error when the profile has no such table. Off by default: it helps on the quiet
+    set and not reliably on the noisy one (docs/calibration.md). Recorded step times are never noised."""
     if step_times not in ("profile", "recorded"):
         raise ValueError("step_times must be 'profile' or 'recorded'")
     if step_times == "profile" and profile is None:
@@ -115,6 +153,27 @@ def replay(rec: RecordedRun, *, profile: str | None, step_times: str = "profile"
         from twin.calibration.server import ServerStepTimeModel
 
         model = ServerStepTimeModel(server.step_time, per_chunk_s=server.per_chunk_s)
+    table = None
+    if noise and step_times == "profile":
+        from twin.engine_profiles import load_profile
+
+        assert profile is not None
+        prof = load_profile(profile).spec
+        table = server.step_time_noise if server is not None else prof.step_time_noise
+        if table is None:
+            raise ValueError(f"profile {profile!r} has no fitted "
+                             f"{'server.' if server is not None else ''}step_time_noise (refit it with twin calibrate)")
+    if table is not None:
+        from twin.engine_profiles import load_profile
+
+        if model is None:
+            base = load_profile(profile).step_time_model()
+            model = NoisyStepTimes(base, table, seed=stable_hash(f"noise/{rec.path.name}"),
+                                   fixed_s=lambda n, o=base.overhead_s: o)
+        else:
+            srv = model
+            model = NoisyStepTimes(srv, table, seed=stable_hash(f"noise/{rec.path.name}"),
+                                   fixed_s=srv.front_end_s)  # type: ignore[attr-defined]
     if step_times == "recorded":
         if rec.iterations is None:
             raise ValueError(f"{rec.path}: no iterations.csv, so there are no recorded step times")

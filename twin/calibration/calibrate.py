@@ -59,6 +59,7 @@ from twin.engine_profiles.profile import (
     RegimeFitQuality,
     ServerFrontEnd,
     StepTimeCoefficients,
+    StepTimeNoise,
 )
 from twin.engine_profiles.step import StepShape
 from twin.engine_profiles.step_time import LinearStepTimeModel
@@ -275,6 +276,28 @@ def fit_quality(coefficients: StepTimeCoefficients, shapes: Sequence[StepShape],
                       prefill=_quality(pred[~decode & ok], y[~decode & ok]))
 
 
+NOISE_PERCENTILES = np.arange(101)
+
+
+def step_time_noise(coefficients: StepTimeCoefficients, shapes: Sequence[StepShape], elapsed_s: np.ndarray
+                    ) -> StepTimeNoise:
+    """Percentiles 0..100 of ``measured / fitted`` model-execution time per regime, over every step with a
+    positive duration (the trimmed outliers included: real steps do stall, and a replay should see it)."""
+    y = np.asarray(elapsed_s, dtype=np.float64)
+    ratio = y / _predict(coefficients, shapes)
+    decode = np.array([s.is_decode_only for s in shapes], dtype=bool)
+    ok = (y > 0) & np.isfinite(ratio)
+    q = {name: [round(float(v), 6) for v in np.percentile(ratio[sel & ok], NOISE_PERCENTILES)]
+         for name, sel in (("decode", decode), ("prefill", ~decode))}
+    counts = {"decode": int((decode & ok).sum()), "prefill": int((~decode & ok).sum())}
+    notes = "; ".join(
+        f"{name}: median {np.median(ratio[sel & ok]):.3f}, mean {np.mean(ratio[sel & ok]):.3f}, p10 {p[10]:.3f}, "
+        f"p90 {p[90]:.3f}, sigma(log) {np.std(np.log(ratio[sel & ok])):.3f}"
+        for (name, sel), p in zip((("decode", decode), ("prefill", ~decode)), (q["decode"], q["prefill"]), strict=True))
+    return StepTimeNoise(decode=q["decode"], prefill=q["prefill"], num_samples=counts,
+                         notes=f"measured / fitted model-execution time of the calibration steps: {notes}")
+
+
 @dataclass
 class CalibrationResult:
     spec: EngineProfileSpec
@@ -359,6 +382,7 @@ def calibrate(run_dirs: Sequence[str | Path], *, name: str, command: str, genera
         provenance=Provenance(sources=[label(s.path) for s in samples], command=command,
                               generated_on=generated_on, notes=notes),
         server=None if server is None else server.front_end,
+        step_time_noise=step_time_noise(coefficients, shapes, elapsed),
     )
     return CalibrationResult(spec=spec, used=[s.path for s in samples] + ([] if server is None else server.used),
                              refused=refused, overhead_samples_s=per_step)
@@ -429,5 +453,6 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
                                        f"{len(steps)} runs"),
         provenance=Provenance(sources=[source_label(r.path) for r in used], command=command,
                               generated_on=generated_on, notes=notes),
+        step_time_noise=step_time_noise(fit.coefficients, shapes, elapsed),
     )
     return ServerFit(front_end=front_end, used=[r.path for r in used], refused=refused)

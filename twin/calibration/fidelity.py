@@ -133,9 +133,10 @@ class _RunReplays:
     recd: dict[str, Any]
 
 
-def _replay_both(rec: RecordedRun, profile: str, overhead_s: float, overhead_in_log_s: float) -> _RunReplays:
+def _replay_both(rec: RecordedRun, profile: str, overhead_s: float, overhead_in_log_s: float, *,
+                 noise: bool = False) -> _RunReplays:
     server = server_front_end(rec, profile)
-    res_p = replay(rec, profile=profile, step_times="profile")
+    res_p = replay(rec, profile=profile, step_times="profile", noise=noise)
     if not res_p.ok:
         raise RuntimeError(f"{rec.path}: the profile replay failed: {res_p.manifest['exception']}")
     if server is None:
@@ -159,8 +160,10 @@ def _replay_both(rec: RecordedRun, profile: str, overhead_s: float, overhead_in_
     return _RunReplays(rec=rec, prof=prof, recd=recd)
 
 
-def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float = DEFAULT_TOLERANCE) -> dict[str, Any]:
-    """The fidelity report (a JSON-ready dict) of ``profile`` on the recorded runs ``run_dirs``."""
+def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float = DEFAULT_TOLERANCE,
+             noise: bool = False) -> dict[str, Any]:
+    """The fidelity report (a JSON-ready dict) of ``profile`` on the recorded runs ``run_dirs``. ``noise``: the
+    profile replays draw each step's time from the profile's fitted ``step_time_noise`` (``replay``)."""
     from twin.engine_profiles import load_profile
 
     prof = load_profile(profile)
@@ -168,7 +171,7 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
     overhead_s = prof.spec.step_time.overhead_s if prof.spec.step_time is not None else 0.0
     overhead_in_log_s = float(getattr(model, "overhead_s", 0.0) or 0.0)
     recs = [load_recorded_run(p) for p in run_dirs]
-    replays = [_replay_both(r, profile, overhead_s, overhead_in_log_s) for r in recs]
+    replays = [_replay_both(r, profile, overhead_s, overhead_in_log_s, noise=noise) for r in recs]
     groups: dict[str, list[int]] = {}
     for i, r in enumerate(recs):
         groups.setdefault(workload_key(r), []).append(i)
@@ -209,6 +212,7 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
     return {
         "profile": profile, "profile_name": prof.name, "default_tolerance": tolerance,
         "overhead_s": overhead_s, "runs": runs,
+        "step_time_noise": noise,
         "server_front_end": None if sv is None else {
             "arrival_s": sv.arrival_s, "per_step_s": sv.step_time.overhead_s, "per_chunk_s": sv.per_chunk_s},
         "summary": {"items": len(verdicts), "passed": sum(1 for v in verdicts if v),

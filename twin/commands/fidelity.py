@@ -17,6 +17,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=Path, default=None, help="also write the report as JSON to this file")
     p.add_argument("--tolerance", type=float, default=0.10,
                    help="default relative tolerance of the timing items (default 0.10)")
+    p.add_argument("--noise", action="store_true",
+                   help="profile replays draw each step's time from the profile's fitted step_time_noise "
+                        "(off by default; docs/calibration.md)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -29,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
         print("twin fidelity: --tolerance must be a positive fraction", file=sys.stderr)
         return 2
     try:
-        report = fidelity(args.run_dirs, profile=args.profile, tolerance=args.tolerance)
+        report = fidelity(args.run_dirs, profile=args.profile, tolerance=args.tolerance, noise=args.noise)
     except (RecordedRunError, UnknownProfileError, ValueError, OSError) as exc:
         print(f"twin fidelity: {exc}", file=sys.stderr)
         return 2

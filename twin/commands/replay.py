@@ -21,6 +21,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-times", choices=("profile", "recorded"), default=None,
                    help="'recorded': each step takes the recorded iteration time (+ the profile's overhead); "
                         "default: 'profile' when --profile is given, else 'recorded'")
+    p.add_argument("--noise", action="store_true",
+                   help="draw each profile step time from the profile's fitted step_time_noise "
+                        "(off by default; docs/calibration.md)")
     p.add_argument("--out", default=None, help="output folder (default: runs/replay-<run>)")
     p.add_argument("--json", action="store_true", help="print comparison.json instead of the table")
 
@@ -75,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     mode = args.step_times or ("profile" if args.profile else "recorded")
     try:
-        result = replay(rec, profile=args.profile, step_times=mode)
+        result = replay(rec, profile=args.profile, step_times=mode, noise=args.noise)
     except (ScenarioError, ValueError) as exc:
         print(f"twin replay: {exc}", file=sys.stderr)
         return 2

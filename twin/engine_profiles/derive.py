@@ -197,6 +197,10 @@ def write_spec(spec: EngineProfileSpec, path: Path) -> None:
     data = spec.model_dump(mode="json")
     if data.get("server") is None:  # profiles without a server section keep their files as they were
         data.pop("server", None)
+    if data.get("step_time_noise") is None:  # nor do profiles without a fitted noise term
+        data.pop("step_time_noise", None)
+    if data.get("server") is not None and data["server"].get("step_time_noise") is None:
+        data["server"].pop("step_time_noise", None)
     path.write_text(yaml.safe_dump(data, sort_keys=False, width=120))
 
 

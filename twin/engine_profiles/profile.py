@@ -123,6 +123,28 @@ class Provenance(_Frozen):
     notes: str = ""
 
 
+class StepTimeNoise(_Frozen):
+    """Step-to-step variation of the step time around the fitted regimes (replays only; docs/calibration.md).
+
+    ``decode`` / ``prefill`` are the percentiles 0, 1, ..., 100 of ``measured / fitted`` model-execution time over
+    the calibration steps of that regime (trimmed outlier steps included). A replay multiplies each step's
+    modelled model-execution time by a draw from that distribution (inverse CDF, linear between percentiles,
+    seeded per run); the ratios are used as fitted, not re-centred (docs/calibration.md says why).
+    """
+
+    decode: list[float] = Field(min_length=101, max_length=101)
+    prefill: list[float] = Field(min_length=101, max_length=101)
+    num_samples: dict[str, int] = Field(description="calibration steps behind each regime's percentiles")
+    notes: str = ""
+
+    @model_validator(mode="after")
+    def _sorted_positive(self) -> StepTimeNoise:
+        for q in (self.decode, self.prefill):
+            if q[0] < 0 or any(b < a for a, b in zip(q, q[1:])):
+                raise ValueError("noise percentiles must be non-negative and non-decreasing")
+        return self
+
+
 class ServerFrontEnd(_Frozen):
     """An engine behind vLLM's OpenAI API server (recorded runs with ``mode: server``; offline runs and the
     fleet simulation do not use it). Fitted by ``twin calibrate`` from server runs (docs/calibration.md)."""
@@ -134,6 +156,7 @@ class ServerFrontEnd(_Frozen):
         description="server-mode step time; overhead_s is the per-step front-end base")
     fit_quality: FitQuality
     provenance: Provenance
+    step_time_noise: StepTimeNoise | None = Field(default=None, description="server-mode step-time noise (replays)")
 
 
 class EngineProfileSpec(_Frozen):
@@ -153,6 +176,8 @@ class EngineProfileSpec(_Frozen):
     checks: list[Check] = Field(default_factory=list)
     provenance: Provenance
     server: ServerFrontEnd | None = Field(default=None, description="only for replays of server-mode recordings")
+    step_time_noise: StepTimeNoise | None = Field(
+        default=None, description="fitted step-time noise, used by replays of recorded runs only (None: deterministic)")
 
     @model_validator(mode="after")
     def _tp_divides_heads(self) -> EngineProfileSpec:
