@@ -199,6 +199,9 @@ def test_shipped_cpu_tiny_llama_profile(fitted: Path) -> None:
         for k, v in getattr(refit, regime).model_dump().items():
             assert getattr(getattr(shipped, regime), k) == pytest.approx(v, rel=1e-9, abs=1e-15), (regime, k)
     assert shipped.overhead_s == pytest.approx(refit.overhead_s, rel=1e-9)
+    # and so is its fitted step-time noise (the offline runs' measured / fitted percentiles)
+    assert prof.spec.step_time_noise is not None
+    assert prof.spec.step_time_noise == load_profile(str(fitted)).spec.step_time_noise
 
 
 @pytest.mark.vllm
