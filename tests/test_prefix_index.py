@@ -17,6 +17,8 @@ from twin.policies import ApproxPrefixIndex, ReplicaSnapshot, RequestFacts, buil
 from twin.policies.cache_aware import SEARCH_MIN_CANDIDATES
 from twin.policies.prng import SplitMix64
 
+from prefixkit import chained
+
 
 class ReferenceIndex:
     """The index as it was: per replica an LRU of hashes, the match a scan of the leading blocks."""
@@ -58,15 +60,6 @@ class ReferenceIndex:
             if now_s - t <= self.ttl_s:
                 break
             del lru[h]
-
-
-def chained(tokens: list[int]) -> tuple[int, ...]:
-    """Chained block hashes of one-token blocks, as the engine's are (block k's hash fixes block k-1's)."""
-    out, parent = [], 0
-    for t in tokens:
-        parent = hash((parent, t))
-        out.append(parent)
-    return tuple(out)
 
 
 REPLICAS = ("r0", "r1", "r2")

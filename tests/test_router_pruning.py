@@ -15,15 +15,7 @@ from hypothesis import strategies as st
 from twin.policies import ReplicaSnapshot, RequestFacts, build_router
 from twin.policies.prng import SplitMix64
 
-
-
-def chained(tokens: list[int]) -> tuple[int, ...]:
-    """Chained block hashes of one-token blocks, as the engine's are (block k's hash fixes block k-1's)."""
-    out, parent = [], 0
-    for t in tokens:
-        parent = hash((parent, t))
-        out.append(parent)
-    return tuple(out)
+from prefixkit import chained
 
 
 def snapshot(i: int, *, waiting: int, kv: float, healthy: bool, region: str, tokens: int = 0) -> ReplicaSnapshot:

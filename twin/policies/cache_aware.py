@@ -119,36 +119,12 @@ class ApproxPrefixIndex:
 
     def match_many(self, replica_ids: Sequence[str], block_hashes: Sequence[int], now_s: float) -> list[int]:
         """``match_blocks`` for each replica in turn (expiring each one's LRU as it goes)."""
-        search = self._search and self._prefix_closed(block_hashes)
-        out = []
-        for rid in replica_ids:
-            lru = self._lru.get(rid)
-            if not lru:
-                out.append(0)
-                continue
-            self._expire(lru, now_s)
-            if search:
-                lo, hi = 0, len(block_hashes)
-                while lo < hi:
-                    mid = (lo + hi) // 2
-                    if block_hashes[mid] in lru:
-                        lo = mid + 1
-                    else:
-                        hi = mid
-                out.append(lo)
-                continue
-            n = 0
-            for h in block_hashes:
-                if h not in lru:
-                    break
-                n += 1
-            out.append(n)
-        return out
+        match = self.matcher(block_hashes, now_s)
+        return [match(rid) for rid in replica_ids]
 
     def matcher(self, block_hashes: Sequence[int], now_s: float) -> Callable[[str], int]:
         """``replica_id -> match_blocks(replica_id, block_hashes, now_s)``, for a router that matches only
-        some candidates (the loop of ``match_many`` as a closure; ``match_many`` keeps its inline loop,
-        as a call per candidate costs it more than it saves)."""
+        some candidates; ``match_many`` calls it for every candidate."""
         search = self._search and self._prefix_closed(block_hashes)
         lrus, expire = self._lru, self._expire
 
