@@ -31,13 +31,15 @@ from twin.replay import replay
 
 FIX = REPO_ROOT / "tests" / "fixtures"
 CAL = FIX / "calibration" / "cpu-tiny-llama"
+QUIET = FIX / "calibration" / "cpu-tiny-llama-quiet"
 SERVER_RUNS = sorted([*FIX.glob("recorded/server-*"), *CAL.glob("calibration/sweep-server-*"),
-                      *CAL.glob("held-out*/heldout-server-*"), *FIX.glob("recorded/held-out/heldout-server-*")])
+                      *CAL.glob("held-out*/heldout-server-*"), *FIX.glob("recorded/held-out/heldout-server-*"),
+                      *QUIET.glob("calibration/sweep-server-*"), *QUIET.glob("held-out*/heldout-server-*")])
 OFFLINE_NO_PREEMPTION = [FIX / "recorded" / n for n in ("offline-mixed", "offline-prefix", "offline-chunked-256")]
 
 
 def test_there_are_server_recordings() -> None:
-    assert len(SERVER_RUNS) >= 12
+    assert len(SERVER_RUNS) >= 22
 
 
 @pytest.mark.parametrize("path", SERVER_RUNS, ids=lambda p: f"{p.parent.name}/{p.name}")
