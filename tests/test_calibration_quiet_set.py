@@ -49,16 +49,17 @@ def _check_table(report: dict, committed: dict, *, committed_root: str = "cpu-ti
 
 def test_the_committed_fidelity_table_is_what_fidelity_gives() -> None:
     runs = sorted([*(QUIET / "held-out").iterdir(), *(QUIET / "held-out-repeat2").iterdir()])
-    report = fidelity(runs, profile=str(QUIET / "cpu-tiny-llama.yaml"))
+    report = fidelity(runs, profile=str(QUIET / "cpu-tiny-llama.yaml"), noise=False)
     committed = json.loads((QUIET / "fidelity-held-out.json").read_text())
     assert committed["summary"]["passed"] == 47 and committed["summary"]["items"] == 84
     _check_table(report, committed)
 
 
 def test_the_committed_noise_table_is_what_fidelity_noise_gives() -> None:
-    """`twin fidelity --noise` (the profile's fitted step-time noise, seeded per run): 53 of 84 with this seed."""
+    """`twin fidelity` (by default the profile's fitted step-time noise, seeded per run): 53 of 84 with this seed;
+    the two tables above are `--no-noise`."""
     runs = sorted([*(QUIET / "held-out").iterdir(), *(QUIET / "held-out-repeat2").iterdir()])
-    report = fidelity(runs, profile=str(QUIET / "cpu-tiny-llama.yaml"), noise=True)
+    report = fidelity(runs, profile=str(QUIET / "cpu-tiny-llama.yaml"))
     committed = json.loads((QUIET / "fidelity-held-out-noise.json").read_text())
     assert committed["step_time_noise"] is True
     assert committed["summary"]["passed"] == 53 and committed["summary"]["items"] == 84
@@ -72,7 +73,7 @@ def test_the_four_repeat_table_is_what_fidelity_gives_with_the_documented_spread
     runs = sorted(p for rep in ("held-out", "held-out-repeat2", "held-out-repeat3", "held-out-repeat4")
                   for p in (QUIET / rep).iterdir())
     assert len(runs) == 12
-    report = fidelity(runs, profile=str(QUIET / "cpu-tiny-llama.yaml"))
+    report = fidelity(runs, profile=str(QUIET / "cpu-tiny-llama.yaml"), noise=False)
     committed = json.loads((QUIET / "fidelity-held-out-4-repeats.json").read_text())
     assert committed["summary"]["passed"] == 137 and committed["summary"]["items"] == 168
     _check_table(report, committed, committed_root="cpu-tiny-llama-quiet/")
