@@ -173,8 +173,10 @@ def test_written_profile_is_a_profile_path_with_the_recorded_facts(fitted: Path,
 
 
 def test_profile_fitted_on_the_sweep_predicts_a_held_out_run(fitted: Path) -> None:
+    """The deterministic step-time model (noise off): on this noisy sweep the fitted noise moves this run's TTFT
+    p50 from +15 % to +38 % (docs/calibration.md), a property of the noise table, not of the fit checked here."""
     rec = load_recorded_run(HELD_OUT_OFFLINE)
-    c = compare(rec, replay(rec, profile=str(fitted), step_times="profile"))
+    c = compare(rec, replay(rec, profile=str(fitted), step_times="profile", noise=False))
     assert c["composition"]["match"] and c["preemptions"]["match"] and c["prefix_cache_hits"]["match"]
     for key in ("ttft_s", "e2e_s"):
         err = c["latency"][key]["p50"]["rel_error"]

@@ -49,16 +49,17 @@ def _check_table(report: dict, committed: dict, *, committed_root: str = "cpu-ti
 
 def test_the_committed_fidelity_table_is_what_fidelity_gives() -> None:
     runs = sorted([*(QUIET / "held-out").iterdir(), *(QUIET / "held-out-repeat2").iterdir()])
-    report = fidelity(runs, profile=str(QUIET / "cpu-tiny-llama.yaml"))
+    report = fidelity(runs, profile=str(QUIET / "cpu-tiny-llama.yaml"), noise=False)
     committed = json.loads((QUIET / "fidelity-held-out.json").read_text())
     assert committed["summary"]["passed"] == 47 and committed["summary"]["items"] == 84
     _check_table(report, committed)
 
 
 def test_the_committed_noise_table_is_what_fidelity_noise_gives() -> None:
-    """`twin fidelity --noise` (the profile's fitted step-time noise, seeded per run): 53 of 84 with this seed."""
+    """`twin fidelity` (by default the profile's fitted step-time noise, seeded per run): 53 of 84 with this seed;
+    the two tables above are `--no-noise`."""
     runs = sorted([*(QUIET / "held-out").iterdir(), *(QUIET / "held-out-repeat2").iterdir()])
-    report = fidelity(runs, profile=str(QUIET / "cpu-tiny-llama.yaml"), noise=True)
+    report = fidelity(runs, profile=str(QUIET / "cpu-tiny-llama.yaml"))
     committed = json.loads((QUIET / "fidelity-held-out-noise.json").read_text())
     assert committed["step_time_noise"] is True
     assert committed["summary"]["passed"] == 53 and committed["summary"]["items"] == 84
@@ -72,7 +73,7 @@ def test_the_four_repeat_table_is_what_fidelity_gives_with_the_documented_spread
     runs = sorted(p for rep in ("held-out", "held-out-repeat2", "held-out-repeat3", "held-out-repeat4")
                   for p in (QUIET / rep).iterdir())
     assert len(runs) == 12
-    report = fidelity(runs, profile=str(QUIET / "cpu-tiny-llama.yaml"))
+    report = fidelity(runs, profile=str(QUIET / "cpu-tiny-llama.yaml"), noise=False)
     committed = json.loads((QUIET / "fidelity-held-out-4-repeats.json").read_text())
     assert committed["summary"]["passed"] == 137 and committed["summary"]["items"] == 168
     _check_table(report, committed, committed_root="cpu-tiny-llama-quiet/")
@@ -91,3 +92,27 @@ def test_the_four_repeat_table_is_what_fidelity_gives_with_the_documented_spread
             for m in members:
                 assert m["items"][name]["spread"] == pytest.approx(want, rel=1e-9)
                 assert m["items"][name]["tolerance"] == pytest.approx(max(0.10, want), rel=1e-9)
+
+
+@pytest.mark.parametrize(("noise", "name", "within"), [(None, "crossval-sweep.json", 23),
+                                                       (False, "crossval-sweep-no-noise.json", 19)])
+def test_the_committed_cross_validation_is_what_cross_validate_gives(noise: bool | None, name: str,
+                                                                     within: int) -> None:
+    """`twin calibrate --cross-validate calibration/* [--no-noise]`: the totals docs/calibration.md decides on."""
+    from twin.calibration.crossval import cross_validate
+
+    runs = sorted(p for p in (QUIET / "calibration").iterdir() if (p / "run.json").exists())
+    report = cross_validate(runs, noise=noise)
+    committed = json.loads((QUIET / name).read_text())
+    assert committed["total"]["within"] == within and committed["total"]["items"] == 54
+    for part in ("offline", "server"):
+        assert report["total"][part] == pytest.approx(committed["total"][part], rel=1e-9)
+    assert report["total"]["within"] == within
+    assert report["total"]["mean_abs_error"] == pytest.approx(committed["total"]["mean_abs_error"], rel=1e-9)
+    assert report["noise"] is committed["noise"] is (noise is None)
+    for got, want in zip(report["folds"], committed["folds"], strict=True):
+        assert got["name"] == want["name"] and got["fitted_on"] == want["fitted_on"]
+        for item, it in want["items"].items():
+            assert got["items"][item]["pass"] == it["pass"], (want["name"], item)
+            if isinstance(it["twin"], float):
+                assert got["items"][item]["twin"] == pytest.approx(it["twin"], rel=1e-9), (want["name"], item)

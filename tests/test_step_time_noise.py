@@ -40,7 +40,8 @@ def test_noisy_replay_is_deterministic_and_differs_from_the_deterministic_one() 
         rec = load_recorded_run(run)
         a = replay(rec, profile=PROFILE, noise=True)
         b = replay(rec, profile=PROFILE, noise=True)
-        off = replay(rec, profile=PROFILE)
+        off = replay(rec, profile=PROFILE, noise=False)
+        assert _step_times(replay(rec, profile=PROFILE)) == _step_times(a)  # on by default, the profile has the table
         assert a.ok and b.ok and off.ok
         assert _step_times(a) == _step_times(b)
         assert _step_times(a) != _step_times(off)
@@ -56,7 +57,9 @@ def test_a_profile_without_noise_replays_as_before(tmp_path: Path) -> None:
     bare = tmp_path / "bare.yaml"
     bare.write_text(yaml.safe_dump(data, sort_keys=False))
     rec = load_recorded_run(OFFLINE)
-    assert _step_times(replay(rec, profile=str(bare))) == _step_times(replay(rec, profile=PROFILE))
+    # the default (noise where the profile has a table) is deterministic without one
+    assert _step_times(replay(rec, profile=str(bare))) == _step_times(replay(rec, profile=PROFILE, noise=False))
+    assert _step_times(replay(rec, profile=str(bare))) != _step_times(replay(rec, profile=PROFILE))
     with pytest.raises(ValueError, match="step_time_noise"):
         replay(rec, profile=str(bare), noise=True)
 

@@ -94,6 +94,32 @@ class NoisyStepTimes:
         return fixed + (t - fixed) * np.interp(self._rng.random(num_steps), self._grid, self._decode)
 
 
+class FirstStepExtra:
+    """A step-time model whose first step takes ``first_step_s`` longer (a profile's ``first_step_s``: the cold start
+    of a recorded run). Replays only: the fleet simulation never builds it."""
+
+    def __init__(self, base: StepTimeModel, first_step_s: float) -> None:
+        self.base = base
+        self.first_step_s = float(first_step_s)
+        self.overhead_s = getattr(base, "overhead_s", 0.0)
+        self._started = False
+
+    def _extra(self) -> float:
+        if self._started:
+            return 0.0
+        self._started = True
+        return self.first_step_s
+
+    def step_time_s(self, shape: StepShape) -> float:
+        return self.base.step_time_s(shape) + self._extra()
+
+    def decode_run_s(self, decode_requests: int, decode_context_tokens: int, num_steps: int) -> np.ndarray:
+        t = self.base.decode_run_s(decode_requests, decode_context_tokens, num_steps)
+        if num_steps > 0:
+            t[0] += self._extra()
+        return t
+
+
 def request_specs(rec: RecordedRun, *, arrival_delay_s: float = 0.0) -> list[RequestSpec]:
     """The recorded requests; each reaches the engine ``arrival_delay_s`` after its recorded send time."""
     specs = []
@@ -136,12 +162,15 @@ def server_front_end(rec: RecordedRun, profile: str | None) -> Any:
     return load_profile(profile).spec.server
 
 
-def replay(rec: RecordedRun, *, profile: str | None, step_times: str = "profile", noise: bool = False
+def replay(rec: RecordedRun, *, profile: str | None, step_times: str = "profile", noise: bool | None = None
            ) -> RunResult:
     """Simulate ``rec`` in the twin. ``step_times`` is ``"profile"`` or ``"recorded"``. ``noise``: multiply
     each profile step time by a draw from the profile's fitted ``step_time_noise`` (``NoisyStepTimes``, seeded
-    by the run's folder name); an error when the profile has no such table. Off by default: it helps on the quiet
-    set and not reliably on the noisy one (docs/calibration.md). Recorded step times are never noised."""
+    by the run's folder name); True is an error when the profile has no such table. None (the default): on when
+    the profile has the table, off otherwise (chosen by leave-one-run-out cross-validation on both calibration
+    sweeps, docs/calibration.md). Recorded step times are never noised. A profile's
+    ``first_step_s`` (server runs: its server section's), where fitted, is added to the first step of a profile
+    replay (``FirstStepExtra``), never to recorded step times."""
     if step_times not in ("profile", "recorded"):
         raise ValueError("step_times must be 'profile' or 'recorded'")
     if step_times == "profile" and profile is None:
@@ -154,13 +183,13 @@ def replay(rec: RecordedRun, *, profile: str | None, step_times: str = "profile"
 
         model = ServerStepTimeModel(server.step_time, per_chunk_s=server.per_chunk_s)
     table = None
-    if noise and step_times == "profile":
+    if noise is not False and step_times == "profile":
         from twin.engine_profiles import load_profile
 
         assert profile is not None
         prof = load_profile(profile).spec
         table = server.step_time_noise if server is not None else prof.step_time_noise
-        if table is None:
+        if table is None and noise:
             raise ValueError(f"profile {profile!r} has no fitted "
                              f"{'server.' if server is not None else ''}step_time_noise (refit it with twin calibrate)")
     if table is not None:
@@ -174,6 +203,14 @@ def replay(rec: RecordedRun, *, profile: str | None, step_times: str = "profile"
             srv = model
             model = NoisyStepTimes(srv, table, seed=stable_hash(f"noise/{rec.path.name}"),
                                    fixed_s=srv.front_end_s)  # type: ignore[attr-defined]
+    if step_times == "profile":
+        from twin.engine_profiles import load_profile
+
+        assert profile is not None
+        coefficients = server.step_time if server is not None else load_profile(profile).spec.step_time
+        if coefficients is not None and coefficients.first_step_s:
+            model = FirstStepExtra(model if model is not None else load_profile(profile).step_time_model(),
+                                   coefficients.first_step_s)
     if step_times == "recorded":
         if rec.iterations is None:
             raise ValueError(f"{rec.path}: no iterations.csv, so there are no recorded step times")

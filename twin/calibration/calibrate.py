@@ -35,6 +35,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -61,8 +62,8 @@ from twin.engine_profiles.profile import (
     StepTimeCoefficients,
     StepTimeNoise,
 )
+from twin.engine_profiles.profile import step_time_model_of
 from twin.engine_profiles.step import StepShape
-from twin.engine_profiles.step_time import LinearStepTimeModel
 from twin.replay import COMPOSITION, RecordedStepTimes, replay_scenario, request_specs
 from twin.runner import RunResult, run_scenario
 
@@ -116,12 +117,13 @@ def composition_mismatch(rec: RecordedRun, result: RunResult) -> str | None:
     return None
 
 
-def overhead_samples(rec: RecordedRun, result: RunResult) -> tuple[np.ndarray, np.ndarray]:
+def overhead_samples(rec: RecordedRun, result: RunResult, *, with_first: bool = False) -> Any:
     """Time outside model execution between consecutive token-emitting steps a < b, from streamed token
     times vs recorded step durations: ``(gaps_s, spans)`` with ``gaps_s = T_b - T_a - sum(elapsed[a+1..b])``
     and ``spans = b - a`` steps. ``gaps_s / spans`` are per-step samples.
 
-    Needs a replay whose steps align with the recording (``composition_mismatch`` is None).
+    Needs a replay whose steps align with the recording (``composition_mismatch`` is None). ``with_first``: also
+    return ``(step, time)`` of the first token-emitting step (None when no token was streamed).
     """
     assert rec.iterations is not None
     elapsed = rec.iterations.elapsed_ms / 1000.0
@@ -151,7 +153,21 @@ def overhead_samples(rec: RecordedRun, result: RunResult) -> tuple[np.ndarray, n
             break
         gaps.append(t_end[b] - t_end[a] - (cum[b + 1] - cum[a + 1]))  # minus elapsed of steps a+1 .. b
         spans.append(b - a)
-    return np.asarray(gaps, dtype=np.float64), np.asarray(spans, dtype=np.int64)
+    out = np.asarray(gaps, dtype=np.float64), np.asarray(spans, dtype=np.int64)
+    if not with_first:
+        return out
+    return (*out, (steps[0], t_end[steps[0]]) if steps else None)
+
+
+@dataclass(frozen=True)
+class FitOptions:
+    """Optional model terms of a fit; both off by default (docs/calibration.md, "Cross-validation", says how each
+    was judged). ``prefill_per_request``: a per-request column in the prefill regime
+    (``PrefillCoefficients.per_request_s``). ``first_step``: the extra time of a run's first step
+    (``StepTimeCoefficients.first_step_s``, and the server section's), with that step left out of the regimes."""
+
+    prefill_per_request: bool = False
+    first_step: bool = False
 
 
 @dataclass
@@ -161,6 +177,8 @@ class RunSamples:
     elapsed_s: np.ndarray
     overhead_gaps_s: np.ndarray
     overhead_spans: np.ndarray
+    first_token_step: int | None = None  # the first step that emitted a token, and the median time of its tokens
+    first_token_end_s: float | None = None
 
 
 def run_samples(rec: RecordedRun) -> RunSamples:
@@ -171,9 +189,11 @@ def run_samples(rec: RecordedRun) -> RunSamples:
         raise CalibrationError(f"{rec.path}: {why}; its step shapes cannot be paired with recorded durations"
                                + (" (server runs depend on arrival timing)" if rec.run.mode == "server" else ""))
     assert rec.iterations is not None and len(model.shapes) == len(rec.iterations)
-    gaps, spans = overhead_samples(rec, result)
+    gaps, spans, first = overhead_samples(rec, result, with_first=True)
     return RunSamples(path=rec.path, shapes=model.shapes, elapsed_s=rec.iterations.elapsed_ms / 1000.0,
-                      overhead_gaps_s=gaps, overhead_spans=spans)
+                      overhead_gaps_s=gaps, overhead_spans=spans,
+                      first_token_step=None if first is None else first[0],
+                      first_token_end_s=None if first is None else first[1])
 
 
 def model_shape(rec: RecordedRun) -> ModelShape:
@@ -226,27 +246,33 @@ TRIM_ROUNDS = 5
 
 def _predict(coefficients: StepTimeCoefficients, shapes: Sequence[StepShape]) -> np.ndarray:
     """Model-execution time of each step (the overhead left out)."""
-    model = LinearStepTimeModel.from_coefficients(coefficients)
+    model = step_time_model_of(coefficients)
     return np.array([model.step_time_s(s) for s in shapes]) - coefficients.overhead_s
 
 
-def robust_fit(shapes: Sequence[StepShape], elapsed_s: np.ndarray, *, overhead_s: float
+def robust_fit(shapes: Sequence[StepShape], elapsed_s: np.ndarray, *, overhead_s: float,
+               prefill_per_request: bool = False, exclude: np.ndarray | None = None
                ) -> tuple[StepTimeFit, np.ndarray]:
     """``fit_step_time`` on the recorded durations, refitted without outlier steps until the kept set is stable.
 
     Returns the fit and the mask of steps it used. A step is an outlier when ``|log(measured / fitted)|``
     is more than ``TRIM_MADS`` scaled MADs (and more than ``log(TRIM_FLOOR_RATIO)``) from its regime's
-    median; steps with a zero duration are never used.
+    median; steps with a zero duration, and those ``exclude`` marks (a run's first step when ``first_step_s`` is
+    fitted), are never used. ``prefill_per_request``: ``fit_step_time``'s fifth prefill column.
     """
     elapsed_s = np.asarray(elapsed_s, dtype=np.float64)
     decode = np.array([s.is_decode_only for s in shapes], dtype=bool)
-    keep = elapsed_s > 0
+    usable = elapsed_s > 0
+    if exclude is not None:
+        usable &= ~exclude
+    keep = usable.copy()
     fit = None
     for _ in range(TRIM_ROUNDS):
         idx = np.flatnonzero(keep)
-        fit = fit_step_time([shapes[i] for i in idx], elapsed_s[idx] + overhead_s, overhead_s=overhead_s)
+        fit = fit_step_time([shapes[i] for i in idx], elapsed_s[idx] + overhead_s, overhead_s=overhead_s,
+                            prefill_per_request=prefill_per_request)
         r = np.log(np.where(elapsed_s > 0, elapsed_s, np.nan) / _predict(fit.coefficients, shapes))
-        new_keep = elapsed_s > 0
+        new_keep = usable.copy()
         for regime in (decode, ~decode):
             sel = regime & keep
             med = np.median(r[sel])
@@ -279,14 +305,17 @@ def fit_quality(coefficients: StepTimeCoefficients, shapes: Sequence[StepShape],
 NOISE_PERCENTILES = np.arange(101)
 
 
-def step_time_noise(coefficients: StepTimeCoefficients, shapes: Sequence[StepShape], elapsed_s: np.ndarray
-                    ) -> StepTimeNoise:
+def step_time_noise(coefficients: StepTimeCoefficients, shapes: Sequence[StepShape], elapsed_s: np.ndarray,
+                    exclude: np.ndarray | None = None) -> StepTimeNoise:
     """Percentiles 0..100 of ``measured / fitted`` model-execution time per regime, over every step with a
-    positive duration (the trimmed outliers included: real steps do stall, and a replay should see it)."""
+    positive duration (the trimmed outliers included: real steps do stall, and a replay should see it), less
+    the steps ``exclude`` marks (first steps, when ``first_step_s`` models them)."""
     y = np.asarray(elapsed_s, dtype=np.float64)
     ratio = y / _predict(coefficients, shapes)
     decode = np.array([s.is_decode_only for s in shapes], dtype=bool)
     ok = (y > 0) & np.isfinite(ratio)
+    if exclude is not None:
+        ok &= ~exclude
     q = {name: [round(float(v), 6) for v in np.percentile(ratio[sel & ok], NOISE_PERCENTILES)]
          for name, sel in (("decode", decode), ("prefill", ~decode))}
     counts = {"decode": int((decode & ok).sum()), "prefill": int((~decode & ok).sum())}
@@ -306,10 +335,35 @@ class CalibrationResult:
     overhead_samples_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
+def _first_steps(lengths: Sequence[int]) -> np.ndarray:
+    """Mask of the first step of each run, over the runs' steps concatenated."""
+    mask = np.zeros(int(sum(lengths)), dtype=bool)
+    mask[np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)] = True
+    return mask
+
+
+def first_step_excess_s(elapsed_s: np.ndarray, predicted_s: float, *, first_token_s: float, token_step: int,
+                        fixed_s: np.ndarray) -> float:
+    """How much later a run's first tokens came than a twin step sequence puts them, less what later steps explain.
+
+    ``(first_token_s - sum over steps 0..token_step of (elapsed + fixed))``, the start's time outside the recorded
+    steps and their modelled fixed time (overhead; server: front end), ``+ (elapsed[0] - predicted_s)``, the first
+    step's model time beyond the fit. ``first_token_s`` is measured from when the twin's first step can start.
+    """
+    b = int(token_step)
+    return float(first_token_s - np.sum(elapsed_s[: b + 1]) - np.sum(fixed_s[: b + 1]) + (elapsed_s[0] - predicted_s))
+
+
+def fit_first_step_s(excess_s: Sequence[float]) -> float:
+    """``first_step_s``: the median over runs of ``first_step_excess_s``, floored at 0."""
+    return max(float(np.median(excess_s)), 0.0) if len(excess_s) else 0.0
+
+
 def calibrate(run_dirs: Sequence[str | Path], *, name: str, command: str, generated_on: str | None = None,
-              source_label: Callable[[Path], str] | None = None) -> CalibrationResult:
+              source_label: Callable[[Path], str] | None = None, options: FitOptions = FitOptions()
+              ) -> CalibrationResult:
     """Fit a profile named ``name`` from recorded runs (see the module doc). ``source_label(path) -> str`` names
-    each run in the provenance (default: the path as given)."""
+    each run in the provenance (default: the path as given). ``options``: the optional model terms."""
     if not run_dirs:
         raise CalibrationError("no run folders given")
     recs = [load_recorded_run(p) for p in run_dirs]
@@ -344,20 +398,31 @@ def calibrate(run_dirs: Sequence[str | Path], *, name: str, command: str, genera
     overhead_s = max(float(gaps.sum() / spans.sum()), 0.0)
     shapes = [sh for s in samples for sh in s.shapes]
     elapsed = np.concatenate([s.elapsed_s for s in samples])
+    firsts = _first_steps([len(s.shapes) for s in samples]) if options.first_step else None
     try:
-        fit, keep = robust_fit(shapes, elapsed, overhead_s=overhead_s)
+        fit, keep = robust_fit(shapes, elapsed, overhead_s=overhead_s,
+                               prefill_per_request=options.prefill_per_request, exclude=firsts)
     except ValueError as exc:  # too few steps of a regime, non-positive durations
         raise CalibrationError(f"cannot fit the step-time regimes: {exc}") from exc
     ok = elapsed > 0
     coefficients = fit.coefficients
+    first_note = ""
+    if options.first_step:
+        excess = [first_step_excess_s(s.elapsed_s, float(_predict(coefficients, s.shapes[:1])[0]),
+                                      first_token_s=s.first_token_end_s, token_step=s.first_token_step,
+                                      fixed_s=np.full(s.elapsed_s.size, overhead_s))
+                  for s in samples if s.first_token_step is not None and s.first_token_end_s is not None]
+        coefficients = coefficients.model_copy(update={"first_step_s": fit_first_step_s(excess)})
+        first_note = (f" first_step_s: median of the {len(excess)} runs' first-step excess "
+                      f"({', '.join(f'{e * 1e3:.1f}' for e in excess)} ms), the first steps left out of the regimes.")
     r0 = recs[0].run
     weight_dtype = _dtype(r0.dtype, fallback="bfloat16", where=str(recs[0].path))
     kv_dtype = _dtype(r0.kv_cache_dtype, fallback=r0.dtype, where=str(recs[0].path))
     hw, mem, blocks = memory_section(recs, shape, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
     label = source_label or (lambda p: str(p))
     generated_on = generated_on or dt.datetime.now(dt.UTC).date().isoformat()
-    server = fit_server(server_recs, command=command, generated_on=generated_on, source_label=label) \
-        if server_recs else None
+    server = fit_server(server_recs, command=command, generated_on=generated_on, source_label=label,
+                        options=options) if server_recs else None
     if server is not None:
         refused += server.refused
     q25, q50, q75 = np.percentile(per_step, [25, 50, 75])
@@ -370,7 +435,7 @@ def calibrate(run_dirs: Sequence[str | Path], *, name: str, command: str, genera
         f"(|log(measured/fitted)| beyond {TRIM_MADS:g} scaled MADs of their regime and {TRIM_FLOOR_RATIO:g}x; a shared "
         f"CPU often splits one interval between consecutive steps as e.g. 24 ms + 1 ms, and other processes "
         f"slow whole stretches of a run). fit_quality is on every step with a positive duration, trimmed ones "
-        f"included."
+        f"included." + first_note
     )
     if refused:
         notes += " Refused: " + " | ".join(refused)
@@ -382,7 +447,7 @@ def calibrate(run_dirs: Sequence[str | Path], *, name: str, command: str, genera
         provenance=Provenance(sources=[label(s.path) for s in samples], command=command,
                               generated_on=generated_on, notes=notes),
         server=None if server is None else server.front_end,
-        step_time_noise=step_time_noise(coefficients, shapes, elapsed),
+        step_time_noise=step_time_noise(coefficients, shapes, elapsed, exclude=firsts),
     )
     return CalibrationResult(spec=spec, used=[s.path for s in samples] + ([] if server is None else server.used),
                              refused=refused, overhead_samples_s=per_step)
@@ -397,7 +462,7 @@ class ServerFit:
 
 
 def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
-               source_label: Callable[[Path], str]) -> ServerFit:
+               source_label: Callable[[Path], str], options: FitOptions = FitOptions()) -> ServerFit:
     """The profile's ``server`` section from server-mode runs (``twin.calibration.server`` says how).
 
     Per-step front-end time: ``fit_front_end`` (non-negative least squares) of the client-side gap between
@@ -422,14 +487,29 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
     base_s, per_chunk_s = fit_front_end(gaps, chunks)
     shapes = [sh for s in steps for sh in s.shapes]
     elapsed = np.concatenate([s.elapsed_s for s in steps])
+    firsts = _first_steps([len(s.shapes) for s in steps]) if options.first_step else None
     try:
-        fit, keep = robust_fit(shapes, elapsed, overhead_s=float(base_s))
+        fit, keep = robust_fit(shapes, elapsed, overhead_s=float(base_s),
+                               prefill_per_request=options.prefill_per_request, exclude=firsts)
     except ValueError as exc:
         raise CalibrationError(f"cannot fit the server step-time regimes: {exc}") from exc
     bounds = [arrival_bounds(r, s, front_end_s=base_s) for r, s in zip(used, steps, strict=True)]
     lower = np.concatenate([lo for lo, _ in bounds])
     upper = np.concatenate([hi for _, hi in bounds])
     arrival_s, consistent = fit_arrival_s(lower, upper)
+    coefficients = fit.coefficients
+    first_note = ""
+    if options.first_step:  # the first request sent: its first token, from its send plus the arrival time
+        excess = []
+        for r, s in zip(used, steps, strict=True):
+            q = min(r.requests, key=lambda x: (x.arrival_s, x.request_id))
+            assert q.token_times_s
+            excess.append(first_step_excess_s(
+                s.elapsed_s, float(_predict(coefficients, s.shapes[:1])[0]),
+                first_token_s=q.token_times_s[0] - arrival_s, token_step=int(s.token_steps[q.request_id][0]), fixed_s=base_s + per_chunk_s * s.chunks))
+        coefficients = coefficients.model_copy(update={"first_step_s": fit_first_step_s(excess)})
+        first_note = (f" first_step_s: median of the {len(excess)} runs' first-step excess "
+                      f"({', '.join(f'{e * 1e3:.1f}' for e in excess)} ms), the first steps left out of the regimes.")
     ok = elapsed > 0
     resid = gaps - (base_s + per_chunk_s * chunks)
     notes = (
@@ -442,17 +522,17 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
         f"Arrival: {arrival_s * 1e3:.1f} ms is within "
         f"the bounds of {consistent} of {upper.size} requests (upper bound median {np.median(upper) * 1e3:.1f} ms). "
         f"Step regimes: relative-error NNLS without {int((~keep).sum())} of {keep.size} outlier steps; fit_quality "
-        f"on every step with a positive duration."
+        f"on every step with a positive duration." + first_note
     )
     if refused:
         notes += " Refused: " + " | ".join(refused)
     front_end = ServerFrontEnd(
-        arrival_s=arrival_s, per_chunk_s=float(per_chunk_s), step_time=fit.coefficients,
-        fit_quality=fit_quality(fit.coefficients, [s for s, k in zip(shapes, ok, strict=True) if k], elapsed[ok],
+        arrival_s=arrival_s, per_chunk_s=float(per_chunk_s), step_time=coefficients,
+        fit_quality=fit_quality(coefficients, [s for s, k in zip(shapes, ok, strict=True) if k], elapsed[ok],
                                 target=f"recorded vLLM server step durations (iterations.csv elapsed_ms), "
                                        f"{len(steps)} runs"),
         provenance=Provenance(sources=[source_label(r.path) for r in used], command=command,
                               generated_on=generated_on, notes=notes),
-        step_time_noise=step_time_noise(fit.coefficients, shapes, elapsed),
+        step_time_noise=step_time_noise(coefficients, shapes, elapsed, exclude=firsts),
     )
     return ServerFit(front_end=front_end, used=[r.path for r in used], refused=refused)

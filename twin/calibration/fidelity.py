@@ -134,7 +134,7 @@ class _RunReplays:
 
 
 def _replay_both(rec: RecordedRun, profile: str, overhead_s: float, overhead_in_log_s: float, *,
-                 noise: bool = False) -> _RunReplays:
+                 noise: bool | None = None) -> _RunReplays:
     server = server_front_end(rec, profile)
     res_p = replay(rec, profile=profile, step_times="profile", noise=noise)
     if not res_p.ok:
@@ -161,9 +161,10 @@ def _replay_both(rec: RecordedRun, profile: str, overhead_s: float, overhead_in_
 
 
 def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float = DEFAULT_TOLERANCE,
-             noise: bool = False) -> dict[str, Any]:
+             noise: bool | None = None) -> dict[str, Any]:
     """The fidelity report (a JSON-ready dict) of ``profile`` on the recorded runs ``run_dirs``. ``noise``: the
-    profile replays draw each step's time from the profile's fitted ``step_time_noise`` (``replay``)."""
+    profile replays draw each step's time from the profile's fitted ``step_time_noise`` (``replay``); None (the
+    default) where the profile has that table."""
     from twin.engine_profiles import load_profile
 
     prof = load_profile(profile)
@@ -212,7 +213,7 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
     return {
         "profile": profile, "profile_name": prof.name, "default_tolerance": tolerance,
         "overhead_s": overhead_s, "runs": runs,
-        "step_time_noise": noise,
+        "step_time_noise": noise if noise is not None else prof.spec.step_time_noise is not None,
         "server_front_end": None if sv is None else {
             "arrival_s": sv.arrival_s, "per_step_s": sv.step_time.overhead_s, "per_chunk_s": sv.per_chunk_s},
         "summary": {"items": len(verdicts), "passed": sum(1 for v in verdicts if v),

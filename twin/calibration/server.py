@@ -214,9 +214,9 @@ class ServerStepTimeModel:
     """
 
     def __init__(self, coefficients, *, per_chunk_s: float) -> None:  # noqa: ANN001 (StepTimeCoefficients)
-        from twin.engine_profiles.step_time import LinearStepTimeModel
+        from twin.engine_profiles.profile import step_time_model_of
 
-        self.base = LinearStepTimeModel.from_coefficients(coefficients)
+        self.base = step_time_model_of(coefficients)
         self.per_chunk_s = float(per_chunk_s)
         self.overhead_s = self.base.overhead_s
 

@@ -2,6 +2,11 @@
 
     twin calibrate tests/fixtures/calibration/cpu-tiny-llama/calibration/* --name cpu-tiny-llama --out p.yaml
     twin replay RUN_DIR --profile p.yaml        # the written file is a profile path anywhere --profile is taken
+    twin calibrate --cross-validate RUN_DIR... [--first-step] [--json FILE]   # leave-one-run-out error table
+
+``--prefill-per-request`` and ``--first-step`` add optional model terms (twin.calibration.calibrate.FitOptions);
+``--cross-validate`` writes no profile: it fits once per run, leaving that run out, replays the run left out and
+prints the error table and total (twin.calibration.crossval), so an option can be judged on runs the fit did not see.
 
 Each offline run is replayed with its recorded step times; runs whose step composition the twin does not
 reproduce are refused (named on stderr) and the fit uses the rest. Server-mode runs fit the profile's
@@ -22,6 +27,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", default=None, help="profile name (default: the --out file stem, else 'calibrated')")
     p.add_argument("--out", type=Path, default=None, help="profile YAML to write (default: <name>.yaml)")
     p.add_argument("--date", default=None, help="provenance generated_on (YYYY-MM-DD; default today, UTC)")
+    p.add_argument("--prefill-per-request", action="store_true",
+                   help="fit a per-request term in the prefill regime (off by default; docs/calibration.md)")
+    p.add_argument("--first-step", action="store_true",
+                   help="fit the extra time of a run's first step, applied by replays (off by default)")
+    p.add_argument("--cross-validate", action="store_true",
+                   help="write no profile: leave each run out of the fit in turn and print the error on it")
+    p.add_argument("--noise", action=argparse.BooleanOptionalAction, default=None,
+                   help="with --cross-validate: replays draw step times from the fitted step_time_noise "
+                        "(default: on, as twin fidelity)")
+    p.add_argument("--json", type=Path, default=None, help="with --cross-validate: also write the report as JSON")
 
 
 def _label(path: Path) -> str:
@@ -37,17 +52,48 @@ def _label(path: Path) -> str:
     return path.name
 
 
+def _cross_validate(args: argparse.Namespace, options: object) -> int:
+    from twin.calibration.calibrate import CalibrationError
+    from twin.calibration.crossval import cross_validate, format_cv_table
+    from twin.calibration.recorded import RecordedRunError
+    from twin.results import dumps
+
+    try:
+        report = cross_validate(args.run_dirs, options=options, noise=args.noise)  # type: ignore[arg-type]
+    except (CalibrationError, RecordedRunError, ValueError, OSError) as exc:
+        print(f"twin calibrate: {exc}", file=sys.stderr)
+        return 2
+    print(format_cv_table(report))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(dumps(report))
+        print(f"wrote {args.json}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
-    from twin.calibration.calibrate import CalibrationError, calibrate
+    from twin.calibration.calibrate import CalibrationError, FitOptions, calibrate
     from twin.calibration.recorded import RecordedRunError
     from twin.engine_profiles.derive import write_spec
 
+    options = FitOptions(prefill_per_request=args.prefill_per_request, first_step=args.first_step)
+    if args.cross_validate:
+        if args.out is not None or args.name is not None:
+            print("twin calibrate: --cross-validate writes no profile (drop --out / --name)", file=sys.stderr)
+            return 2
+        return _cross_validate(args, options)
+    if args.json is not None or args.noise is not None:
+        print("twin calibrate: --json and --noise go with --cross-validate", file=sys.stderr)
+        return 2
     name = args.name or (args.out.stem if args.out else "calibrated")
     out = args.out or Path(f"{name}.yaml")
     labels = [_label(Path(d)) for d in args.run_dirs]
-    command = "twin calibrate " + " ".join(shlex.quote(x) for x in labels) + f" --name {shlex.quote(name)}"
+    command = ("twin calibrate " + " ".join(shlex.quote(x) for x in labels) + f" --name {shlex.quote(name)}"
+               + (" --prefill-per-request" if options.prefill_per_request else "")
+               + (" --first-step" if options.first_step else ""))
     try:
-        result = calibrate(args.run_dirs, name=name, command=command, generated_on=args.date, source_label=_label)
+        result = calibrate(args.run_dirs, name=name, command=command, generated_on=args.date, source_label=_label,
+                           options=options)
     except (CalibrationError, RecordedRunError, OSError) as exc:
         print(f"twin calibrate: {exc}", file=sys.stderr)
         return 2
@@ -64,8 +110,13 @@ def run(args: argparse.Namespace) -> int:
           f" + {d.per_context_token_s * 1e9:.2f} ns/ctx tok;"
           f" mean |rel err| {fq.decode.mean_abs_rel_error:.1%}, max {fq.decode.max_abs_rel_error:.1%}")
     print(f"  prefill (n={fq.prefill.num_samples:>5})  base {pf.base_s * 1e3:.3f} ms + {pf.per_token_s * 1e6:.2f} us/tok"
-          f" + {pf.per_attention_pair_s * 1e9:.3f} ns/pair + {pf.per_decode_context_token_s * 1e9:.2f} ns/ctx tok;"
+          f" + {pf.per_attention_pair_s * 1e9:.3f} ns/pair + {pf.per_decode_context_token_s * 1e9:.2f} ns/ctx tok"
+          + (f" + {pf.per_request_s * 1e6:.2f} us/req" if options.prefill_per_request else "") + ";"
           f" mean |rel err| {fq.prefill.mean_abs_rel_error:.1%}, max {fq.prefill.max_abs_rel_error:.1%}")
+    if options.first_step:
+        print(f"  first step        +{st.first_step_s * 1e3:.3f} ms (replays only)"
+              + ("" if result.spec.server is None else
+                 f"; server +{result.spec.server.step_time.first_step_s * 1e3:.3f} ms"))
     sv = result.spec.server
     if sv is None:
         print("  server            none (no server-mode run given: server replays use the offline step time, no front end)")

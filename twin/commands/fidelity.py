@@ -17,9 +17,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=Path, default=None, help="also write the report as JSON to this file")
     p.add_argument("--tolerance", type=float, default=0.10,
                    help="default relative tolerance of the timing items (default 0.10)")
-    p.add_argument("--noise", action="store_true",
+    p.add_argument("--noise", action=argparse.BooleanOptionalAction, default=None,
                    help="profile replays draw each step's time from the profile's fitted step_time_noise "
-                        "(off by default; docs/calibration.md)")
+                        "(default: on when the profile has that table; --no-noise: deterministic; docs/calibration.md)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -21,9 +21,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--step-times", choices=("profile", "recorded"), default=None,
                    help="'recorded': each step takes the recorded iteration time (+ the profile's overhead); "
                         "default: 'profile' when --profile is given, else 'recorded'")
-    p.add_argument("--noise", action="store_true",
+    p.add_argument("--noise", action=argparse.BooleanOptionalAction, default=None,
                    help="draw each profile step time from the profile's fitted step_time_noise "
-                        "(off by default; docs/calibration.md)")
+                        "(default: on when the profile has that table; --no-noise: deterministic; docs/calibration.md)")
     p.add_argument("--out", default=None, help="output folder (default: runs/replay-<run>)")
     p.add_argument("--json", action="store_true", help="print comparison.json instead of the table")
 

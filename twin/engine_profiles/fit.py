@@ -32,7 +32,7 @@ class StepTimeFit:
 
 def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Exact non-negative least squares for a handful of columns: the best unconstrained solution over every
-    subset of active columns whose coefficients are all >= 0 (2**k small solves; k <= 4 here)."""
+    subset of active columns whose coefficients are all >= 0 (2**k small solves; k <= 5 here)."""
     k = a.shape[1]
     best, best_cost = np.zeros(k), float(b @ b)
     for r in range(1, k + 1):
@@ -71,13 +71,16 @@ def _fit_regime(features: np.ndarray, y: np.ndarray, name: str) -> tuple[np.ndar
 
 
 def fit_step_time(
-    shapes: Sequence[StepShape], elapsed_s: Sequence[float], *, overhead_s: float | None = None
+    shapes: Sequence[StepShape], elapsed_s: Sequence[float], *, overhead_s: float | None = None,
+    prefill_per_request: bool = False,
 ) -> StepTimeFit:
     """Fit both regimes to measured (or modelled) step durations.
 
     ``overhead_s`` is the per-step time outside model execution. Step durations alone cannot separate it
     from the regimes' ``base_s`` (they are added together), so pass it when it is known (e.g. from CPU-side
-    timings); when None it is 0 and each regime's ``base_s`` carries it.
+    timings); when None it is 0 and each regime's ``base_s`` carries it. ``prefill_per_request``: the prefill
+    regime gets a fifth column, the requests computed in the step (decode + prefill; one sampled row each),
+    fitted into ``PrefillCoefficients.per_request_s``; off, that term is 0 as in every profile before it.
     """
     if len(shapes) != len(elapsed_s):
         raise ValueError("shapes and elapsed_s must have the same length")
@@ -92,21 +95,23 @@ def fit_step_time(
     fp = np.array(
         [
             [1.0, shapes[i].total_tokens, shapes[i].prefill_attention_pairs, shapes[i].decode_context_tokens]
+            + ([shapes[i].decode_requests + shapes[i].prefill_requests] if prefill_per_request else [])
             for i in pre
         ]
-    ).reshape(-1, 4)
+    ).reshape(-1, 5 if prefill_per_request else 4)
     xp, _ = _fit_regime(fp, y_all[pre], "prefill-carrying steps")
     coefficients = StepTimeCoefficients(
         overhead_s=ovh,
         decode=DecodeCoefficients(base_s=xd[0], per_request_s=xd[1], per_context_token_s=xd[2]),
         prefill=PrefillCoefficients(
-            base_s=xp[0], per_token_s=xp[1], per_attention_pair_s=xp[2], per_decode_context_token_s=xp[3]
+            base_s=xp[0], per_token_s=xp[1], per_attention_pair_s=xp[2], per_decode_context_token_s=xp[3],
+            per_request_s=xp[4] if prefill_per_request else 0.0,
         ),
     )
     # prefill quality is measured on the model as used (floored at the decode-only time of its decodes)
-    from twin.engine_profiles.step_time import LinearStepTimeModel
+    from twin.engine_profiles.profile import step_time_model_of
 
-    model = LinearStepTimeModel.from_coefficients(coefficients)
+    model = step_time_model_of(coefficients)
     pred_p = np.array([model.step_time_s(shapes[i]) for i in pre]) - ovh
     qp = _quality(pred_p, y_all[pre])
     return StepTimeFit(coefficients=coefficients, decode_quality=qd, prefill_quality=qp)

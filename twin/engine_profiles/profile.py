@@ -6,11 +6,12 @@ Pydantic models, validated once at load time and frozen. Nothing here is on the 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from twin.engine_profiles.memory import kv_bytes_per_token, weight_bytes
+from twin.engine_profiles.step import StepShape
 from twin.engine_profiles.step_time import LinearStepTimeModel
 
 Dtype = Literal["bf16", "fp8"]
@@ -77,12 +78,74 @@ class PrefillCoefficients(_Frozen):
     per_token_s: float = Field(ge=0)
     per_attention_pair_s: float = Field(ge=0)
     per_decode_context_token_s: float = Field(ge=0)
+    per_request_s: float = Field(
+        default=0.0, ge=0, description="per request computed in the step (decode + prefill); fitted only on request "
+                                       "(twin calibrate --prefill-per-request), else 0 and left out of the file")
+
+    @model_serializer(mode="wrap")
+    def _leave_out_zero_terms(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_zero(handler(self), ("per_request_s",))
 
 
 class StepTimeCoefficients(_Frozen):
     overhead_s: float = Field(ge=0, description="per-step time outside model execution, added to every step")
     decode: DecodeCoefficients
     prefill: PrefillCoefficients
+    first_step_s: float = Field(
+        default=0.0, ge=0, description="extra time of the first step of a recorded run (a cold engine); applied by "
+                                       "replays only, never by the fleet simulation; 0 and left out of the file "
+                                       "unless fitted (twin calibrate --first-step)")
+
+    @model_serializer(mode="wrap")
+    def _leave_out_zero_terms(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_zero(handler(self), ("first_step_s",))
+
+
+def _without_zero(data: dict[str, Any], optional: tuple[str, ...]) -> dict[str, Any]:
+    """Optional terms added after profiles were shipped are written only when set, so a profile without them
+    (every H100 profile) keeps its file byte for byte when regenerated."""
+    for key in optional:
+        if data.get(key) == 0.0:
+            data.pop(key)
+    return data
+
+
+class PrefillPerRequestStepTime:
+    """``LinearStepTimeModel`` plus the optional prefill ``per_request_s`` term (implements ``StepTimeModel``).
+
+    A wrapper rather than a change to the hot-path model: profiles without the term (the H100 ones, the fleet's)
+    get the plain ``LinearStepTimeModel``, untouched. The term goes inside the floor, as the other prefill terms:
+    ``max(prefill + per_request * (decode + prefill requests), decode-only time of the same decodes)``.
+    """
+
+    __slots__ = ("base", "_mixed", "_per_request_s", "overhead_s")
+
+    def __init__(self, coefficients: StepTimeCoefficients) -> None:
+        self.base = LinearStepTimeModel.from_coefficients(coefficients)
+        zero = DecodeCoefficients(base_s=0.0, per_request_s=0.0, per_context_token_s=0.0)
+        # the prefill regime alone: with a zero decode regime its floor is the overhead, which it never goes below
+        self._mixed = LinearStepTimeModel.from_coefficients(coefficients.model_copy(update={"decode": zero}))
+        self._per_request_s = float(coefficients.prefill.per_request_s)
+        self.overhead_s = self.base.overhead_s
+
+    def step_time_s(self, shape: StepShape) -> float:
+        if shape.prefill_requests == 0:
+            return self.base.step_time_s(shape)
+        mixed = self._mixed.step_time_s(shape) + self._per_request_s * (shape.decode_requests + shape.prefill_requests)
+        decode = self.base.step_time_s(StepShape(decode_requests=shape.decode_requests,
+                                                 decode_context_tokens=shape.decode_context_tokens))
+        return mixed if mixed > decode else decode
+
+    def decode_run_s(self, decode_requests: int, decode_context_tokens: int, num_steps: int) -> Any:
+        return self.base.decode_run_s(decode_requests, decode_context_tokens, num_steps)
+
+
+def step_time_model_of(coefficients: StepTimeCoefficients) -> LinearStepTimeModel | PrefillPerRequestStepTime:
+    """The step-time model of ``coefficients``: the plain linear model unless the prefill per-request term is set.
+    (``first_step_s`` is not part of it: replays add it to a run's first step, ``twin.replay``.)"""
+    if coefficients.prefill.per_request_s:
+        return PrefillPerRequestStepTime(coefficients)
+    return LinearStepTimeModel.from_coefficients(coefficients)
 
 
 class RegimeFitQuality(_Frozen):
@@ -219,13 +282,13 @@ class EngineProfile:
         """Weight bytes for the whole replica (all TP ranks together)."""
         return self._weight_bytes
 
-    def step_time_model(self) -> LinearStepTimeModel:
+    def step_time_model(self) -> LinearStepTimeModel | PrefillPerRequestStepTime:
         if self.spec.step_time is None:
             raise ValueError(
                 f"profile {self.name!r} has no fitted step-time coefficients yet "
                 "(fit them with twin.engine_profiles.fit.fit_step_time)"
             )
-        return LinearStepTimeModel.from_coefficients(self.spec.step_time)
+        return step_time_model_of(self.spec.step_time)
 
     def __repr__(self) -> str:
         return f"EngineProfile({self.name!r}, tp={self.tp}, weights={self.weight_dtype}, kv={self.kv_dtype})"
