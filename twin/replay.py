@@ -120,6 +120,35 @@ class FirstStepExtra:
         return t
 
 
+class BatchChangeExtra:
+    """A step-time model whose decode-only steps take ``batch_change_s`` longer when they decode fewer requests than
+    the decode-only step before them (``profile.decode_batch_changed``: a request finished or was preempted). A
+    profile's fitted decode ``batch_change_s``: in most recorded CPU runs vLLM spent 2-3 ms more on such a step
+    (docs/calibration.md). It remembers the previous step, so one instance serves one replica's steps in order:
+    replays only; the fleet simulation shares one step model between replicas and never builds it."""
+
+    def __init__(self, base: StepTimeModel, batch_change_s: float) -> None:
+        self.base = base
+        self.batch_change_s = float(batch_change_s)
+        self.overhead_s = getattr(base, "overhead_s", 0.0)
+        self._prev: tuple[bool, int] | None = None  # (previous step decode-only, its decode requests)
+
+    def _changed(self, decode_only: bool, n: int) -> bool:
+        changed = decode_only and self._prev is not None and self._prev[0] and n < self._prev[1]
+        self._prev = (decode_only, n)
+        return changed
+
+    def step_time_s(self, shape: StepShape) -> float:
+        t = self.base.step_time_s(shape)
+        return t + self.batch_change_s if self._changed(shape.is_decode_only, shape.decode_requests) else t
+
+    def decode_run_s(self, decode_requests: int, decode_context_tokens: int, num_steps: int) -> np.ndarray:
+        t = np.array(self.base.decode_run_s(decode_requests, decode_context_tokens, num_steps), dtype=np.float64)
+        if num_steps > 0 and self._changed(True, decode_requests):
+            t[0] += self.batch_change_s
+        return t
+
+
 def request_specs(rec: RecordedRun, *, arrival_delay_s: float = 0.0) -> list[RequestSpec]:
     """The recorded requests; each reaches the engine ``arrival_delay_s`` after its recorded send time."""
     specs = []
@@ -162,15 +191,17 @@ def server_front_end(rec: RecordedRun, profile: str | None) -> Any:
     return load_profile(profile).spec.server
 
 
-def replay(rec: RecordedRun, *, profile: str | None, step_times: str = "profile", noise: bool | None = None
-           ) -> RunResult:
+def replay(rec: RecordedRun, *, profile: str | None, step_times: str = "profile", noise: bool | None = None,
+           noise_seed: int = 0) -> RunResult:
     """Simulate ``rec`` in the twin. ``step_times`` is ``"profile"`` or ``"recorded"``. ``noise``: multiply
     each profile step time by a draw from the profile's fitted ``step_time_noise`` (``NoisyStepTimes``, seeded
     by the run's folder name); True is an error when the profile has no such table. None (the default): on when
     the profile has the table, off otherwise (chosen by leave-one-run-out cross-validation on both calibration
-    sweeps, docs/calibration.md). Recorded step times are never noised. A profile's
+    sweeps, docs/calibration.md). Recorded step times are never noised. ``noise_seed``: another draw of the noise
+    (0, the default, is the run's own seed; k > 0 a different one per k), to see the twin's own spread. A profile's
     ``first_step_s`` (server runs: its server section's), where fitted, is added to the first step of a profile
-    replay (``FirstStepExtra``), never to recorded step times."""
+    replay (``FirstStepExtra``), never to recorded step times; likewise a fitted decode ``batch_change_s``
+    (``BatchChangeExtra``)."""
     if step_times not in ("profile", "recorded"):
         raise ValueError("step_times must be 'profile' or 'recorded'")
     if step_times == "profile" and profile is None:
@@ -178,39 +209,31 @@ def replay(rec: RecordedRun, *, profile: str | None, step_times: str = "profile"
     sc = replay_scenario(rec, profile)
     model: StepTimeModel | None = None
     server = server_front_end(rec, profile)
-    if step_times == "profile" and server is not None:
-        from twin.calibration.server import ServerStepTimeModel
-
-        model = ServerStepTimeModel(server.step_time, per_chunk_s=server.per_chunk_s)
-    table = None
-    if noise is not False and step_times == "profile":
-        from twin.engine_profiles import load_profile
-
-        assert profile is not None
-        prof = load_profile(profile).spec
-        table = server.step_time_noise if server is not None else prof.step_time_noise
-        if table is None and noise:
-            raise ValueError(f"profile {profile!r} has no fitted "
-                             f"{'server.' if server is not None else ''}step_time_noise (refit it with twin calibrate)")
-    if table is not None:
-        from twin.engine_profiles import load_profile
-
-        if model is None:
-            base = load_profile(profile).step_time_model()
-            model = NoisyStepTimes(base, table, seed=stable_hash(f"noise/{rec.path.name}"),
-                                   fixed_s=lambda n, o=base.overhead_s: o)
-        else:
-            srv = model
-            model = NoisyStepTimes(srv, table, seed=stable_hash(f"noise/{rec.path.name}"),
-                                   fixed_s=srv.front_end_s)  # type: ignore[attr-defined]
     if step_times == "profile":
         from twin.engine_profiles import load_profile
 
         assert profile is not None
-        coefficients = server.step_time if server is not None else load_profile(profile).spec.step_time
-        if coefficients is not None and coefficients.first_step_s:
-            model = FirstStepExtra(model if model is not None else load_profile(profile).step_time_model(),
-                                   coefficients.first_step_s)
+        prof = load_profile(profile)
+        if server is not None:
+            from twin.calibration.server import ServerStepTimeModel
+
+            srv = ServerStepTimeModel(server.step_time, per_chunk_s=server.per_chunk_s)
+            model, fixed_s, coefficients, table = srv, srv.front_end_s, server.step_time, server.step_time_noise
+        else:
+            base = prof.step_time_model()
+            model, coefficients, table = base, prof.spec.step_time, prof.spec.step_time_noise
+            fixed_s = lambda n, o=base.overhead_s: o  # noqa: E731
+        assert coefficients is not None
+        if coefficients.decode.batch_change_s:
+            model = BatchChangeExtra(model, coefficients.decode.batch_change_s)
+        if noise and table is None:
+            raise ValueError(f"profile {profile!r} has no fitted "
+                             f"{'server.' if server is not None else ''}step_time_noise (refit it with twin calibrate)")
+        if noise is not False and table is not None:
+            key = f"noise/{rec.path.name}" + (f"/{noise_seed}" if noise_seed else "")
+            model = NoisyStepTimes(model, table, seed=stable_hash(key), fixed_s=fixed_s)
+        if coefficients.first_step_s:
+            model = FirstStepExtra(model, coefficients.first_step_s)
     if step_times == "recorded":
         if rec.iterations is None:
             raise ValueError(f"{rec.path}: no iterations.csv, so there are no recorded step times")

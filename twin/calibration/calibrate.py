@@ -62,7 +62,7 @@ from twin.engine_profiles.profile import (
     StepTimeCoefficients,
     StepTimeNoise,
 )
-from twin.engine_profiles.profile import step_time_model_of
+from twin.engine_profiles.profile import decode_batch_changed, step_time_model_of
 from twin.engine_profiles.step import StepShape
 from twin.replay import COMPOSITION, RecordedStepTimes, replay_scenario, request_specs
 from twin.runner import RunResult, run_scenario
@@ -161,13 +161,18 @@ def overhead_samples(rec: RecordedRun, result: RunResult, *, with_first: bool = 
 
 @dataclass(frozen=True)
 class FitOptions:
-    """Optional model terms of a fit; both off by default (docs/calibration.md, "Cross-validation", says how each
+    """Optional model terms of a fit; all off by default (docs/calibration.md, "Cross-validation", says how each
     was judged). ``prefill_per_request``: a per-request column in the prefill regime
     (``PrefillCoefficients.per_request_s``). ``first_step``: the extra time of a run's first step
-    (``StepTimeCoefficients.first_step_s``, and the server section's), with that step left out of the regimes."""
+    (``StepTimeCoefficients.first_step_s``, and the server section's), with that step left out of the regimes.
+    ``decode_single_request`` / ``decode_context_sq`` / ``decode_batch_change``: the decode regime's optional columns
+    (``DecodeCoefficients.single_request_s`` / ``per_context_token_sq_s`` / ``batch_change_s``; ``fit_step_time``)."""
 
     prefill_per_request: bool = False
     first_step: bool = False
+    decode_single_request: bool = False
+    decode_context_sq: bool = False
+    decode_batch_change: bool = False
 
 
 @dataclass
@@ -245,20 +250,26 @@ TRIM_ROUNDS = 5
 
 
 def _predict(coefficients: StepTimeCoefficients, shapes: Sequence[StepShape]) -> np.ndarray:
-    """Model-execution time of each step (the overhead left out)."""
+    """Model-execution time of each step (the overhead left out). ``shapes`` are steps in run order (runs one after
+    the other: each starts with a prefill step, so the batch-change term never spans two runs)."""
     model = step_time_model_of(coefficients)
-    return np.array([model.step_time_s(s) for s in shapes]) - coefficients.overhead_s
+    out = np.array([model.step_time_s(s) for s in shapes]) - coefficients.overhead_s
+    if coefficients.decode.batch_change_s:
+        out = out + coefficients.decode.batch_change_s * decode_batch_changed(shapes)
+    return out
 
 
 def robust_fit(shapes: Sequence[StepShape], elapsed_s: np.ndarray, *, overhead_s: float,
-               prefill_per_request: bool = False, exclude: np.ndarray | None = None
-               ) -> tuple[StepTimeFit, np.ndarray]:
+               prefill_per_request: bool = False, exclude: np.ndarray | None = None,
+               options: FitOptions | None = None) -> tuple[StepTimeFit, np.ndarray]:
     """``fit_step_time`` on the recorded durations, refitted without outlier steps until the kept set is stable.
 
     Returns the fit and the mask of steps it used. A step is an outlier when ``|log(measured / fitted)|``
     is more than ``TRIM_MADS`` scaled MADs (and more than ``log(TRIM_FLOOR_RATIO)``) from its regime's
     median; steps with a zero duration, and those ``exclude`` marks (a run's first step when ``first_step_s`` is
-    fitted), are never used. ``prefill_per_request``: ``fit_step_time``'s fifth prefill column.
+    fitted), are never used. ``prefill_per_request``: ``fit_step_time``'s fifth prefill column; ``options`` (its
+    ``prefill_per_request`` counts too): the decode regime's optional columns, the batch-change flags taken over the
+    whole ``shapes`` sequence (runs in order).
     """
     elapsed_s = np.asarray(elapsed_s, dtype=np.float64)
     decode = np.array([s.is_decode_only for s in shapes], dtype=bool)
@@ -266,11 +277,16 @@ def robust_fit(shapes: Sequence[StepShape], elapsed_s: np.ndarray, *, overhead_s
     if exclude is not None:
         usable &= ~exclude
     keep = usable.copy()
+    opts = options or FitOptions()
+    changed = decode_batch_changed(shapes) if opts.decode_batch_change else None
     fit = None
     for _ in range(TRIM_ROUNDS):
         idx = np.flatnonzero(keep)
         fit = fit_step_time([shapes[i] for i in idx], elapsed_s[idx] + overhead_s, overhead_s=overhead_s,
-                            prefill_per_request=prefill_per_request)
+                            prefill_per_request=prefill_per_request or opts.prefill_per_request,
+                            decode_single_request=opts.decode_single_request,
+                            decode_context_sq=opts.decode_context_sq,
+                            decode_batch_changed=None if changed is None else changed[idx])
         r = np.log(np.where(elapsed_s > 0, elapsed_s, np.nan) / _predict(fit.coefficients, shapes))
         new_keep = usable.copy()
         for regime in (decode, ~decode):
@@ -293,7 +309,8 @@ def _quality(pred: np.ndarray, y: np.ndarray) -> RegimeFitQuality:
 
 def fit_quality(coefficients: StepTimeCoefficients, shapes: Sequence[StepShape], elapsed_s: np.ndarray, *,
                 target: str) -> FitQuality:
-    """Quality per regime on every recorded step with a positive duration (trimmed steps included)."""
+    """Quality per regime on every recorded step with a positive duration (trimmed steps included); ``shapes`` are
+    every step, in run order (the batch-change term depends on it), zero-duration ones included."""
     y = np.asarray(elapsed_s, dtype=np.float64)
     pred = _predict(coefficients, shapes)
     decode = np.array([s.is_decode_only for s in shapes], dtype=bool)
@@ -400,11 +417,9 @@ def calibrate(run_dirs: Sequence[str | Path], *, name: str, command: str, genera
     elapsed = np.concatenate([s.elapsed_s for s in samples])
     firsts = _first_steps([len(s.shapes) for s in samples]) if options.first_step else None
     try:
-        fit, keep = robust_fit(shapes, elapsed, overhead_s=overhead_s,
-                               prefill_per_request=options.prefill_per_request, exclude=firsts)
+        fit, keep = robust_fit(shapes, elapsed, overhead_s=overhead_s, exclude=firsts, options=options)
     except ValueError as exc:  # too few steps of a regime, non-positive durations
         raise CalibrationError(f"cannot fit the step-time regimes: {exc}") from exc
-    ok = elapsed > 0
     coefficients = fit.coefficients
     first_note = ""
     if options.first_step:
@@ -442,7 +457,7 @@ def calibrate(run_dirs: Sequence[str | Path], *, name: str, command: str, genera
     spec = EngineProfileSpec(
         name=name, model=shape, hardware=hw, tp=int(r0.tensor_parallel_size), weight_dtype=weight_dtype,
         kv_dtype=kv_dtype, memory=mem, step_time=coefficients,
-        fit_quality=fit_quality(coefficients, [s for s, k in zip(shapes, ok, strict=True) if k], elapsed[ok],
+        fit_quality=fit_quality(coefficients, shapes, elapsed,
                                 target=f"recorded vLLM step durations (iterations.csv elapsed_ms), {len(samples)} runs"),
         provenance=Provenance(sources=[label(s.path) for s in samples], command=command,
                               generated_on=generated_on, notes=notes),
@@ -489,8 +504,7 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
     elapsed = np.concatenate([s.elapsed_s for s in steps])
     firsts = _first_steps([len(s.shapes) for s in steps]) if options.first_step else None
     try:
-        fit, keep = robust_fit(shapes, elapsed, overhead_s=float(base_s),
-                               prefill_per_request=options.prefill_per_request, exclude=firsts)
+        fit, keep = robust_fit(shapes, elapsed, overhead_s=float(base_s), exclude=firsts, options=options)
     except ValueError as exc:
         raise CalibrationError(f"cannot fit the server step-time regimes: {exc}") from exc
     bounds = [arrival_bounds(r, s, front_end_s=base_s) for r, s in zip(used, steps, strict=True)]
@@ -510,7 +524,6 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
         coefficients = coefficients.model_copy(update={"first_step_s": fit_first_step_s(excess)})
         first_note = (f" first_step_s: median of the {len(excess)} runs' first-step excess "
                       f"({', '.join(f'{e * 1e3:.1f}' for e in excess)} ms), the first steps left out of the regimes.")
-    ok = elapsed > 0
     resid = gaps - (base_s + per_chunk_s * chunks)
     notes = (
         f"Fitted to {len(steps)} server runs, {elapsed.size} steps reconstructed from the iteration logs (FCFS walk "
@@ -528,7 +541,7 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
         notes += " Refused: " + " | ".join(refused)
     front_end = ServerFrontEnd(
         arrival_s=arrival_s, per_chunk_s=float(per_chunk_s), step_time=coefficients,
-        fit_quality=fit_quality(coefficients, [s for s, k in zip(shapes, ok, strict=True) if k], elapsed[ok],
+        fit_quality=fit_quality(coefficients, shapes, elapsed,
                                 target=f"recorded vLLM server step durations (iterations.csv elapsed_ms), "
                                        f"{len(steps)} runs"),
         provenance=Provenance(sources=[source_label(r.path) for r in used], command=command,

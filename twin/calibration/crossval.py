@@ -61,15 +61,20 @@ def _total(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def cross_validate(run_dirs: Sequence[str | Path], *, options: FitOptions = FitOptions(), noise: bool | None = None,
-                   tolerance: float = DEFAULT_TOLERANCE) -> dict[str, Any]:
+                   tolerance: float = DEFAULT_TOLERANCE, seeds: int = 1) -> dict[str, Any]:
     """The cross-validation report (a JSON-ready dict); see the module doc. ``noise`` as ``fidelity``'s (None: on,
-    every fitted profile has the table). Raises ``CalibrationError`` when no fold can be formed."""
+    every fitted profile has the table). ``seeds``: with noise, replay each left-out run with that many noise draws
+    (``replay``'s ``noise_seed`` 0, 1, ...; one row per fold and draw, the totals over all), since one draw's count
+    moves by a few items; without noise the replays are deterministic and 1 is enough. Raises ``CalibrationError``
+    when no fold can be formed."""
     paths = [Path(p) for p in run_dirs]
     recs = [load_recorded_run(p) for p in paths]
     plan, skipped = folds([r.run.mode for r in recs])
     if not plan:
         raise CalibrationError("cross-validation needs at least two offline runs (or two server runs with an "
                                "offline one): every run would be left out of its own fit with nothing to fit on")
+    if seeds < 1:
+        raise ValueError("seeds must be at least 1")
     rows: list[dict[str, Any]] = []
     noise_used = bool(noise)
     with tempfile.TemporaryDirectory(prefix="twin-crossval-") as tmp:
@@ -80,19 +85,23 @@ def cross_validate(run_dirs: Sequence[str | Path], *, options: FitOptions = FitO
                             command="twin calibrate --cross-validate", generated_on="cross-validation", source_label=lambda p: p.name, options=options)
             profile = Path(tmp) / f"fold-{k}.yaml"
             write_spec(fit.spec, profile)
-            rep = fidelity([paths[left]], profile=str(profile), tolerance=tolerance, noise=noise)
-            noise_used = bool(rep["step_time_noise"])
-            run = rep["runs"][0]
-            items = {name: {key: run["items"][name][key] for key in ("real", "twin", "rel_error", "pass")}
-                     for name in TOLERANCE_ITEMS}
-            comp = run["items"].get("composition")
-            rows.append({"left_out": str(paths[left]), "name": paths[left].name, "mode": recs[left].run.mode,
-                         "fitted_on": [paths[j].name for j in fitted_on], "refused": fit.refused,
-                         "composition": None if comp is None else comp["pass"], "items": items,
-                         "latency": _total([{"items": items}])})
+            for seed in range(seeds):
+                rep = fidelity([paths[left]], profile=str(profile), tolerance=tolerance, noise=noise,
+                               noise_seed=seed)
+                noise_used = bool(rep["step_time_noise"])
+                run = rep["runs"][0]
+                items = {name: {key: run["items"][name][key] for key in ("real", "twin", "rel_error", "pass")}
+                         for name in TOLERANCE_ITEMS}
+                comp = run["items"].get("composition")
+                rows.append({"left_out": str(paths[left]), "name": paths[left].name, "mode": recs[left].run.mode,
+                             "fitted_on": [paths[j].name for j in fitted_on], "refused": fit.refused,
+                             "composition": None if comp is None else comp["pass"], "items": items,
+                             "latency": _total([{"items": items}])} | ({"seed": seed} if seeds > 1 else {}))
+                if not noise_used:
+                    break  # deterministic: every draw would be the same
     return {
         "runs": [str(p) for p in paths], "options": asdict(options), "noise": noise_used, "tolerance": tolerance,
-        "latency_items": list(LATENCY_ITEMS), "folds": rows,
+        "latency_items": list(LATENCY_ITEMS), "folds": rows, **({"seeds": seeds} if seeds > 1 else {}),
         "skipped": [{"run": str(paths[i]), "why": why} for i, why in skipped],
         "total": {**_total(rows),
                   "offline": _total([r for r in rows if r["mode"] != "server"]),
@@ -114,14 +123,16 @@ def format_cv_table(report: dict[str, Any]) -> str:
     opts = [k.replace("_", "-") for k, v in report["options"].items() if v] + (["noise"] if report["noise"] else [])
     labels = [TOLERANCE_ITEMS[k][0] for k in report["latency_items"]]
     lines = [f"leave-one-run-out cross-validation of {len(report['runs'])} runs; options: "
-             f"{', '.join(opts) or 'none'}; tolerance {report['tolerance']:.0%}",
+             f"{', '.join(opts) or 'none'}; tolerance {report['tolerance']:.0%}"
+             + (f"; {report['seeds']} noise draws per run" if report.get("seeds", 1) > 1 and report["noise"] else ""),
              f"  {'left out':<28}{'mode':<9}" + "".join(f"{lab:>10}" for lab in labels) + "  within  composition"]
     for r in report["folds"]:
         comp = "-" if r["composition"] is None else ("identical" if r["composition"] else "differs")
-        lines.append(f"  {r['name']:<28}{r['mode']:<9}"
+        name = r["name"] + (f" #{r['seed']}" if "seed" in r else "")
+        lines.append(f"  {name:<28}{r['mode']:<9}"
                      + "".join(f"{_pct(r['items'][k]['rel_error']):>10}" for k in report["latency_items"])
                      + f"  {r['latency']['within']}/{r['latency']['items']:<5} {comp}")
-        for why in r["refused"]:
+        for why in (r["refused"] if r.get("seed", 0) == 0 else []):
             lines.append(f"      refused from this fold's fit: {why}")
     for s in report["skipped"]:
         lines.append(f"  {Path(s['run']).name:<28}skipped: {s['why']}")

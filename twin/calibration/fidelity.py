@@ -134,9 +134,9 @@ class _RunReplays:
 
 
 def _replay_both(rec: RecordedRun, profile: str, overhead_s: float, overhead_in_log_s: float, *,
-                 noise: bool | None = None) -> _RunReplays:
+                 noise: bool | None = None, noise_seed: int = 0) -> _RunReplays:
     server = server_front_end(rec, profile)
-    res_p = replay(rec, profile=profile, step_times="profile", noise=noise)
+    res_p = replay(rec, profile=profile, step_times="profile", noise=noise, noise_seed=noise_seed)
     if not res_p.ok:
         raise RuntimeError(f"{rec.path}: the profile replay failed: {res_p.manifest['exception']}")
     if server is None:
@@ -161,10 +161,10 @@ def _replay_both(rec: RecordedRun, profile: str, overhead_s: float, overhead_in_
 
 
 def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float = DEFAULT_TOLERANCE,
-             noise: bool | None = None) -> dict[str, Any]:
+             noise: bool | None = None, noise_seed: int = 0) -> dict[str, Any]:
     """The fidelity report (a JSON-ready dict) of ``profile`` on the recorded runs ``run_dirs``. ``noise``: the
     profile replays draw each step's time from the profile's fitted ``step_time_noise`` (``replay``); None (the
-    default) where the profile has that table."""
+    default) where the profile has that table; ``noise_seed`` as ``replay``'s."""
     from twin.engine_profiles import load_profile
 
     prof = load_profile(profile)
@@ -172,7 +172,8 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
     overhead_s = prof.spec.step_time.overhead_s if prof.spec.step_time is not None else 0.0
     overhead_in_log_s = float(getattr(model, "overhead_s", 0.0) or 0.0)
     recs = [load_recorded_run(p) for p in run_dirs]
-    replays = [_replay_both(r, profile, overhead_s, overhead_in_log_s, noise=noise) for r in recs]
+    replays = [_replay_both(r, profile, overhead_s, overhead_in_log_s, noise=noise, noise_seed=noise_seed)
+               for r in recs]
     groups: dict[str, list[int]] = {}
     for i, r in enumerate(recs):
         groups.setdefault(workload_key(r), []).append(i)

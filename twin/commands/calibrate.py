@@ -4,7 +4,8 @@
     twin replay RUN_DIR --profile p.yaml        # the written file is a profile path anywhere --profile is taken
     twin calibrate --cross-validate RUN_DIR... [--first-step] [--json FILE]   # leave-one-run-out error table
 
-``--prefill-per-request`` and ``--first-step`` add optional model terms (twin.calibration.calibrate.FitOptions);
+``--prefill-per-request``, ``--first-step`` and ``--decode-{single-request,context-sq,batch-change}`` add optional
+model terms (twin.calibration.calibrate.FitOptions);
 ``--cross-validate`` writes no profile: it fits once per run, leaving that run out, replays the run left out and
 prints the error table and total (twin.calibration.crossval), so an option can be judged on runs the fit did not see.
 
@@ -31,11 +32,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fit a per-request term in the prefill regime (off by default; docs/calibration.md)")
     p.add_argument("--first-step", action="store_true",
                    help="fit the extra time of a run's first step, applied by replays (off by default)")
+    p.add_argument("--decode-single-request", action="store_true",
+                   help="fit an extra decode-step time when exactly one request decodes (off by default)")
+    p.add_argument("--decode-context-sq", action="store_true",
+                   help="fit a decode term in context tokens squared per request (off by default)")
+    p.add_argument("--decode-batch-change", action="store_true",
+                   help="fit the extra time of a decode step with fewer requests than the decode step before it, "
+                        "applied by replays (off by default)")
     p.add_argument("--cross-validate", action="store_true",
                    help="write no profile: leave each run out of the fit in turn and print the error on it")
     p.add_argument("--noise", action=argparse.BooleanOptionalAction, default=None,
                    help="with --cross-validate: replays draw step times from the fitted step_time_noise "
                         "(default: on, as twin fidelity)")
+    p.add_argument("--seeds", type=int, default=None,
+                   help="with --cross-validate and noise: noise draws per left-out run, totals over all (default 1)")
     p.add_argument("--json", type=Path, default=None, help="with --cross-validate: also write the report as JSON")
 
 
@@ -52,6 +62,14 @@ def _label(path: Path) -> str:
     return path.name
 
 
+def _decode_terms(d: object) -> str:
+    """The optional decode terms of a ``DecodeCoefficients`` that are set, as printed after the linear ones."""
+    parts = [(d.single_request_s, lambda v: f" + {v * 1e3:.3f} ms if 1 req"),  # type: ignore[attr-defined]
+             (d.per_context_token_sq_s, lambda v: f" + {v * 1e12:.4f} ps*ctx^2/req"),  # type: ignore[attr-defined]
+             (d.batch_change_s, lambda v: f" + {v * 1e3:.3f} ms if the batch shrank")]  # type: ignore[attr-defined]
+    return "".join(f(v) for v, f in parts if v)
+
+
 def _cross_validate(args: argparse.Namespace, options: object) -> int:
     from twin.calibration.calibrate import CalibrationError
     from twin.calibration.crossval import cross_validate, format_cv_table
@@ -59,7 +77,8 @@ def _cross_validate(args: argparse.Namespace, options: object) -> int:
     from twin.results import dumps
 
     try:
-        report = cross_validate(args.run_dirs, options=options, noise=args.noise)  # type: ignore[arg-type]
+        report = cross_validate(args.run_dirs, options=options, noise=args.noise,  # type: ignore[arg-type]
+                                seeds=args.seeds or 1)
     except (CalibrationError, RecordedRunError, ValueError, OSError) as exc:
         print(f"twin calibrate: {exc}", file=sys.stderr)
         return 2
@@ -76,21 +95,26 @@ def run(args: argparse.Namespace) -> int:
     from twin.calibration.recorded import RecordedRunError
     from twin.engine_profiles.derive import write_spec
 
-    options = FitOptions(prefill_per_request=args.prefill_per_request, first_step=args.first_step)
+    options = FitOptions(prefill_per_request=args.prefill_per_request, first_step=args.first_step,
+                         decode_single_request=args.decode_single_request, decode_context_sq=args.decode_context_sq,
+                         decode_batch_change=args.decode_batch_change)
     if args.cross_validate:
         if args.out is not None or args.name is not None:
             print("twin calibrate: --cross-validate writes no profile (drop --out / --name)", file=sys.stderr)
             return 2
         return _cross_validate(args, options)
-    if args.json is not None or args.noise is not None:
-        print("twin calibrate: --json and --noise go with --cross-validate", file=sys.stderr)
+    if args.json is not None or args.noise is not None or args.seeds is not None:
+        print("twin calibrate: --json, --noise and --seeds go with --cross-validate", file=sys.stderr)
         return 2
     name = args.name or (args.out.stem if args.out else "calibrated")
     out = args.out or Path(f"{name}.yaml")
     labels = [_label(Path(d)) for d in args.run_dirs]
     command = ("twin calibrate " + " ".join(shlex.quote(x) for x in labels) + f" --name {shlex.quote(name)}"
                + (" --prefill-per-request" if options.prefill_per_request else "")
-               + (" --first-step" if options.first_step else ""))
+               + (" --first-step" if options.first_step else "")
+               + (" --decode-single-request" if options.decode_single_request else "")
+               + (" --decode-context-sq" if options.decode_context_sq else "")
+               + (" --decode-batch-change" if options.decode_batch_change else ""))
     try:
         result = calibrate(args.run_dirs, name=name, command=command, generated_on=args.date, source_label=_label,
                            options=options)
@@ -107,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"  overhead_s        {st.overhead_s * 1e3:.3f} ms/step ({result.overhead_samples_s.size} samples)")
     d, pf = st.decode, st.prefill
     print(f"  decode  (n={fq.decode.num_samples:>5})  base {d.base_s * 1e3:.3f} ms + {d.per_request_s * 1e6:.2f} us/req"
-          f" + {d.per_context_token_s * 1e9:.2f} ns/ctx tok;"
+          f" + {d.per_context_token_s * 1e9:.2f} ns/ctx tok" + _decode_terms(d) + ";"
           f" mean |rel err| {fq.decode.mean_abs_rel_error:.1%}, max {fq.decode.max_abs_rel_error:.1%}")
     print(f"  prefill (n={fq.prefill.num_samples:>5})  base {pf.base_s * 1e3:.3f} ms + {pf.per_token_s * 1e6:.2f} us/tok"
           f" + {pf.per_attention_pair_s * 1e9:.3f} ns/pair + {pf.per_decode_context_token_s * 1e9:.2f} ns/ctx tok"
@@ -125,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"  server front end  arrival {sv.arrival_s * 1e3:.1f} ms; per step {sv.step_time.overhead_s * 1e3:.3f} ms"
           f" + {sv.per_chunk_s * 1e3:.3f} ms per streamed chunk ({len(sv.provenance.sources)} server runs)")
     print(f"  server decode  (n={sq.decode.num_samples:>5})  base {sd.base_s * 1e3:.3f} ms + {sd.per_request_s * 1e6:.2f} us/req"
-          f" + {sd.per_context_token_s * 1e9:.2f} ns/ctx tok;"
+          f" + {sd.per_context_token_s * 1e9:.2f} ns/ctx tok" + _decode_terms(sd) + ";"
           f" mean |rel err| {sq.decode.mean_abs_rel_error:.1%}, max {sq.decode.max_abs_rel_error:.1%}")
     print(f"  server prefill (n={sq.prefill.num_samples:>5})  base {sp.base_s * 1e3:.3f} ms + {sp.per_token_s * 1e6:.2f} us/tok"
           f" + {sp.per_attention_pair_s * 1e9:.3f} ns/pair + {sp.per_decode_context_token_s * 1e9:.2f} ns/ctx tok;"

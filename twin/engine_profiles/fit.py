@@ -72,7 +72,8 @@ def _fit_regime(features: np.ndarray, y: np.ndarray, name: str) -> tuple[np.ndar
 
 def fit_step_time(
     shapes: Sequence[StepShape], elapsed_s: Sequence[float], *, overhead_s: float | None = None,
-    prefill_per_request: bool = False,
+    prefill_per_request: bool = False, decode_single_request: bool = False, decode_context_sq: bool = False,
+    decode_batch_changed: Sequence[bool] | None = None,
 ) -> StepTimeFit:
     """Fit both regimes to measured (or modelled) step durations.
 
@@ -81,6 +82,11 @@ def fit_step_time(
     timings); when None it is 0 and each regime's ``base_s`` carries it. ``prefill_per_request``: the prefill
     regime gets a fifth column, the requests computed in the step (decode + prefill; one sampled row each),
     fitted into ``PrefillCoefficients.per_request_s``; off, that term is 0 as in every profile before it.
+    The decode regime's optional columns (``DecodeCoefficients``; each 0 when off): ``decode_single_request``,
+    ``[decode_requests == 1]`` into ``single_request_s``; ``decode_context_sq``, ``decode_context_tokens**2 /
+    decode_requests`` into ``per_context_token_sq_s``; ``decode_batch_changed``, one flag per step (from
+    ``profile.decode_batch_changed`` over the run's full step sequence, since ``shapes`` may be a subset), into
+    ``batch_change_s``.
     """
     if len(shapes) != len(elapsed_s):
         raise ValueError("shapes and elapsed_s must have the same length")
@@ -90,8 +96,18 @@ def fit_step_time(
     y_all = np.asarray(elapsed_s, dtype=np.float64) - ovh
     dec = [i for i, s in enumerate(shapes) if s.is_decode_only]
     pre = [i for i, s in enumerate(shapes) if not s.is_decode_only]
-    fd = np.array([[1.0, shapes[i].decode_requests, shapes[i].decode_context_tokens] for i in dec]).reshape(-1, 3)
+    if decode_batch_changed is not None and len(decode_batch_changed) != len(shapes):
+        raise ValueError("decode_batch_changed must have one flag per shape")
+    extra = [(decode_single_request, lambda i: float(shapes[i].decode_requests == 1)),
+             (decode_context_sq, lambda i: shapes[i].decode_context_tokens ** 2 / max(shapes[i].decode_requests, 1)),
+             (decode_batch_changed is not None, lambda i: float(bool(decode_batch_changed[i])))]  # type: ignore[index]
+    used = [f for on, f in extra if on]
+    fd = np.array([[1.0, shapes[i].decode_requests, shapes[i].decode_context_tokens] + [f(i) for f in used]
+                   for i in dec]).reshape(-1, 3 + len(used))
     xd, qd = _fit_regime(fd, y_all[dec], "decode-only steps")
+    xe = iter(xd[3:])
+    terms = {name: (float(next(xe)) if on else 0.0) for name, (on, _) in
+             zip(("single_request_s", "per_context_token_sq_s", "batch_change_s"), extra, strict=True)}
     fp = np.array(
         [
             [1.0, shapes[i].total_tokens, shapes[i].prefill_attention_pairs, shapes[i].decode_context_tokens]
@@ -102,7 +118,7 @@ def fit_step_time(
     xp, _ = _fit_regime(fp, y_all[pre], "prefill-carrying steps")
     coefficients = StepTimeCoefficients(
         overhead_s=ovh,
-        decode=DecodeCoefficients(base_s=xd[0], per_request_s=xd[1], per_context_token_s=xd[2]),
+        decode=DecodeCoefficients(base_s=xd[0], per_request_s=xd[1], per_context_token_s=xd[2], **terms),
         prefill=PrefillCoefficients(
             base_s=xp[0], per_token_s=xp[1], per_attention_pair_s=xp[2], per_decode_context_token_s=xp[3],
             per_request_s=xp[4] if prefill_per_request else 0.0,

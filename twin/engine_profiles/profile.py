@@ -6,7 +6,10 @@ Pydantic models, validated once at load time and frozen. Nothing here is on the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
+
+import numpy as np
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
@@ -63,11 +66,27 @@ class MemoryAssumptions(_Frozen):
 
 
 class DecodeCoefficients(_Frozen):
-    """Decode-only step: base_s + per_request_s * decode_requests + per_context_token_s * decode_context_tokens."""
+    """Decode-only step: base_s + per_request_s * decode_requests + per_context_token_s * decode_context_tokens.
+
+    Three optional terms (0 unless fitted on request, ``twin calibrate --decode-*``; left out of the file when 0, so
+    a profile without them is the plain linear model): ``single_request_s`` when exactly one request decodes,
+    ``per_context_token_sq_s * decode_context_tokens**2 / decode_requests`` (attention whose cost per token grows
+    with each request's context), and ``batch_change_s``, added by replays (never the fleet simulation) to a
+    decode-only step with fewer requests than the decode-only step before it (``decode_batch_changed``)."""
 
     base_s: float = Field(ge=0)
     per_request_s: float = Field(ge=0)
     per_context_token_s: float = Field(ge=0)
+    single_request_s: float = Field(default=0.0, ge=0, description="extra when exactly one request decodes")
+    per_context_token_sq_s: float = Field(
+        default=0.0, ge=0, description="times decode_context_tokens**2 / decode_requests (squared context per request)")
+    batch_change_s: float = Field(
+        default=0.0, ge=0, description="extra on a decode-only step with fewer requests than the decode-only step "
+                                       "before it (a request finished or was preempted; replays only)")
+
+    @model_serializer(mode="wrap")
+    def _leave_out_zero_terms(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_zero(handler(self), ("single_request_s", "per_context_token_sq_s", "batch_change_s"))
 
 
 class PrefillCoefficients(_Frozen):
@@ -140,12 +159,72 @@ class PrefillPerRequestStepTime:
         return self.base.decode_run_s(decode_requests, decode_context_tokens, num_steps)
 
 
-def step_time_model_of(coefficients: StepTimeCoefficients) -> LinearStepTimeModel | PrefillPerRequestStepTime:
-    """The step-time model of ``coefficients``: the plain linear model unless the prefill per-request term is set.
-    (``first_step_s`` is not part of it: replays add it to a run's first step, ``twin.replay``.)"""
-    if coefficients.prefill.per_request_s:
-        return PrefillPerRequestStepTime(coefficients)
-    return LinearStepTimeModel.from_coefficients(coefficients)
+class DecodeTermsStepTime:
+    """A step-time model plus the optional stateless decode terms of ``DecodeCoefficients`` (``single_request_s``,
+    ``per_context_token_sq_s``); implements ``StepTimeModel``.
+
+    A wrapper, as ``PrefillPerRequestStepTime``: profiles without the terms get the plain model, untouched. The terms
+    are part of the decode-only time, so they also raise the floor of a prefill-carrying step (never faster than its
+    decodes alone).
+    """
+
+    __slots__ = ("base", "_single_s", "_sq_s", "overhead_s")
+
+    def __init__(self, base: LinearStepTimeModel | PrefillPerRequestStepTime, decode: DecodeCoefficients) -> None:
+        self.base = base
+        self._single_s = float(decode.single_request_s)
+        self._sq_s = float(decode.per_context_token_sq_s)
+        self.overhead_s = base.overhead_s
+
+    def _extra_s(self, n: int, context: int) -> float:
+        if n == 0:
+            return 0.0
+        return (self._single_s if n == 1 else 0.0) + self._sq_s * context * context / n
+
+    def step_time_s(self, shape: StepShape) -> float:
+        n, ctx = shape.decode_requests, shape.decode_context_tokens
+        if shape.prefill_requests == 0:
+            return self.base.step_time_s(shape) + self._extra_s(n, ctx)
+        decode = self.base.step_time_s(StepShape(decode_requests=n, decode_context_tokens=ctx)) + self._extra_s(n, ctx)
+        mixed = self.base.step_time_s(shape)
+        return mixed if mixed > decode else decode
+
+    def decode_run_s(self, decode_requests: int, decode_context_tokens: int, num_steps: int) -> Any:
+        n = decode_requests
+        t = self.base.decode_run_s(n, decode_context_tokens, num_steps)
+        if n == 0:
+            return t
+        context = (decode_context_tokens + n * np.arange(num_steps, dtype=np.int64)).astype(np.float64)
+        return t + ((self._single_s if n == 1 else 0.0) + self._sq_s * context * context / n)
+
+
+def decode_batch_changed(shapes: Sequence[StepShape]) -> np.ndarray:
+    """Per step of a sequence (one replica's steps in order): True for a decode-only step that decodes fewer requests
+    than the decode-only step before it (a request finished or was preempted in between). Where
+    ``DecodeCoefficients.batch_change_s`` applies. (A decode step after a prefill-carrying one is not marked: in the
+    recorded CPU runs it cost little extra in some runs and 1-2 ms in others; docs/calibration.md.)"""
+    out = np.zeros(len(shapes), dtype=bool)
+    prev: StepShape | None = None
+    for i, s in enumerate(shapes):
+        out[i] = (s.is_decode_only and prev is not None and prev.is_decode_only
+                  and s.decode_requests < prev.decode_requests)
+        prev = s
+    return out
+
+
+def step_time_model_of(coefficients: StepTimeCoefficients
+                       ) -> LinearStepTimeModel | PrefillPerRequestStepTime | DecodeTermsStepTime:
+    """The step-time model of ``coefficients``: the plain linear model unless an optional term is set (prefill
+    ``per_request_s``; decode ``single_request_s`` / ``per_context_token_sq_s``). ``first_step_s`` and decode
+    ``batch_change_s`` are not part of it: they depend on a run's step sequence, and replays add them
+    (``twin.replay``); the fleet simulation shares one model between replicas, so it could not."""
+    model: LinearStepTimeModel | PrefillPerRequestStepTime = (
+        PrefillPerRequestStepTime(coefficients) if coefficients.prefill.per_request_s
+        else LinearStepTimeModel.from_coefficients(coefficients))
+    d = coefficients.decode
+    if d.single_request_s or d.per_context_token_sq_s:
+        return DecodeTermsStepTime(model, d)
+    return model
 
 
 class RegimeFitQuality(_Frozen):
@@ -282,7 +361,7 @@ class EngineProfile:
         """Weight bytes for the whole replica (all TP ranks together)."""
         return self._weight_bytes
 
-    def step_time_model(self) -> LinearStepTimeModel | PrefillPerRequestStepTime:
+    def step_time_model(self) -> LinearStepTimeModel | PrefillPerRequestStepTime | DecodeTermsStepTime:
         if self.spec.step_time is None:
             raise ValueError(
                 f"profile {self.name!r} has no fitted step-time coefficients yet "
