@@ -93,6 +93,14 @@ class BlockPool:
         ids = self.tail_ids
         if len(ids) - self.tail_len <= self.tail_len + 4096:  # consumed + stale entries vs valid ones
             return
+        first = self.tail_first
+        if len(ids) - first - self.tail_len <= self.tail_len + 4096:
+            # Mostly consumed entries (the usual case: the pool cycles through the tail): drop that prefix in
+            # one C-level move; absolute positions (tail_base + index) and so tail_at stay valid.
+            del ids[:first]
+            self.tail_base += first
+            self.tail_first = 0
+            return
         keep = self._tail_order()
         self.tail_base += len(ids)  # fresh absolute positions: no old entry can match them
         self.tail_ids = array("i", keep)
