@@ -26,12 +26,14 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from twin.models.request import EngineRequest
+    from twin.models.tokens import TokenSeq
 
 
 class BlockPool:
     __slots__ = (
         "num_blocks", "block_size", "caching", "ref", "bhash", "head", "fresh", "cached", "dups",
-        "max_model_len", "tail_ids", "tail_first", "tail_base", "tail_at", "tail_len",
+        "max_model_len", "tail_ids", "tail_first", "tail_base", "tail_at", "tail_len", "lazy", "n_lazy",
+        "sweep_at", "sweep_min",
     )
 
     def __init__(self, *, num_blocks: int, block_size: int, enable_prefix_caching: bool, max_model_len: int) -> None:
@@ -57,6 +59,11 @@ class BlockPool:
         self.fresh = 1
         self.cached: dict[int, int] = {}  # hash -> earliest block holding it
         self.dups: dict[int, list[int]] = {}  # hash -> later duplicate blocks
+        # Blocks registered without their hash (see _Lazy): key -> entries in registration order.
+        self.lazy: dict[int, list[_Lazy]] = {}
+        self.n_lazy = 0  # entries in ``lazy``
+        self.sweep_min = 1024
+        self.sweep_at = self.sweep_min  # drop entries with no block left once there are this many
 
     # ---- gauges -------------------------------------------------------------------------------
     @property
@@ -112,21 +119,61 @@ class BlockPool:
 
     # ---- lookup -------------------------------------------------------------------------------
     def find_hit(self, req: EngineRequest) -> list[int]:
-        """Longest cached prefix of ``req`` as block ids (``find_longest_cache_hit``)."""
+        """Longest cached prefix of ``req`` as block ids (``find_longest_cache_hit``).
+
+        Hashes are computed only as far as the walk goes (the first block, then all of them after a hit),
+        and a key's lazily registered blocks are materialised before the first lookup that could name them."""
         if not self.caching:
             return []
-        max_blocks = (req.seq.num_tokens - 1) // self.block_size
+        seq = req.seq
+        max_blocks = (seq.num_tokens - 1) // self.block_size
         if max_blocks <= 0:
             return []
-        hashes = req.seq.block_hashes(max_blocks)
+        hashes = seq._hashes
+        if not hashes:
+            seq._head(max_blocks)  # the memoised chain of the leading pieces, if any
+            if not hashes:
+                seq._extend_from(1)
+        lazy = self.lazy
         cached = self.cached
         hits: list[int] = []
-        for i in range(max_blocks):
-            b = cached.get(hashes[i])
-            if b is None:
-                break
-            hits.append(b)
+        for key, i0, i1 in (seq.key_runs(0, max_blocks) if lazy else ((None, 0, max_blocks),)):
+            if key is not None and key in lazy:
+                self._flush(key)
+            for i in range(i0, i1):
+                if i >= len(hashes):
+                    seq._extend(max_blocks)
+                b = cached.get(hashes[i])
+                if b is None:
+                    return hits
+                hits.append(b)
         return hits
+
+    def _flush(self, key: int) -> None:
+        """Materialise the blocks registered under ``key`` that are still cached: their hashes into ``cached``
+        (or ``dups``) in registration order, as eager registration would have left them."""
+        entries = self.lazy.pop(key)
+        self.n_lazy -= len(entries)
+        bhash, cached, dups = self.bhash, self.cached, self.dups
+        for e in entries:
+            blocks, i1 = e.blocks, e.i1
+            hashes = e.seq.block_hashes(i1)
+            for i in range(e.i0, i1):
+                b = blocks[i]
+                if bhash[b] is e:
+                    h = hashes[i]
+                    bhash[b] = h
+                    if h in cached:
+                        dups.setdefault(h, []).append(b)
+                    else:
+                        cached[h] = b
+
+    def materialise(self) -> dict[int, int]:
+        """Every lazily registered block's hash into ``cached`` (for tests and inspection); returns ``cached``.
+        Changes no behaviour: materialising early is what eager registration does."""
+        for key in list(self.lazy):
+            self._flush(key)
+        return self.cached
 
     # ---- allocation ---------------------------------------------------------------------------
     def _pop_free(self, n: int, out: list[int]) -> None:
@@ -164,7 +211,8 @@ class BlockPool:
                     h = bhash[b]
                     if h is not None:
                         bhash[b] = None
-                        del cached[h]
+                        if h.__class__ is int:  # (a _Lazy entry has no key in ``cached``)
+                            del cached[h]
                 out.extend(blk)
                 self.tail_first = end
             else:
@@ -178,7 +226,9 @@ class BlockPool:
                     i += 1
                     h = bhash[b]
                     if h is not None:
-                        if h in dups:
+                        if h.__class__ is not int:
+                            bhash[b] = None
+                        elif h in dups:
                             self._uncache(b, h)
                         else:
                             bhash[b] = None
@@ -189,8 +239,10 @@ class BlockPool:
                 self.tail_first = i
             self._maybe_compact()
 
-    def _uncache(self, b: int, h: int) -> None:
+    def _uncache(self, b: int, h: int | _Lazy) -> None:
         self.bhash[b] = None
+        if h.__class__ is not int:
+            return
         if self.cached.get(h) == b:
             extra = self.dups.get(h)
             if extra:
@@ -271,7 +323,8 @@ class BlockPool:
             h = self.bhash[b]
             if h is not None:
                 self.bhash[b] = None
-                del self.cached[h]  # no duplicates: the hash maps to this block
+                if h.__class__ is int:
+                    del self.cached[h]  # no duplicates: the hash maps to this block
             self.ref[b] = 1
             req.blocks.append(b)
             if len(ids) - self.tail_len > self.tail_len + 4096:
@@ -298,22 +351,67 @@ class BlockPool:
             self._cache_upto(req, full)
 
     def _cache_upto(self, req: EngineRequest, full: int) -> None:
+        """Register blocks ``num_cached_blocks .. full - 1`` of ``req``: lazily (``_register_lazy``) when their
+        content starts with a segment, eagerly (hash into ``cached``) when it starts with real token ids."""
         start = req.num_cached_blocks
+        seq = req.seq
+        if start * self.block_size >= seq._length:  # only output blocks (a decode filling a block)
+            self._register_lazy(req, seq._out_seg, start, full)
+        else:
+            for key, i0, i1 in seq.key_runs(start, full):
+                if key is None:
+                    self._register(req, i0, i1)
+                else:
+                    self._register_lazy(req, key, i0, i1)
+        req.num_cached_blocks = full
+
+    def _register_lazy(self, req: EngineRequest, key: int, i0: int, i1: int) -> None:
+        """Blocks ``i0 .. i1 - 1`` of ``req`` become cached under ``key`` without their hashes: ``bhash[b]`` is
+        the entry (continuing the request's last entry when it is the newest under ``key``)."""
+        lst = self.lazy.get(key)
+        e = req.kv_entry
+        if lst is not None and lst[-1] is e and e.i1 == i0 and e.blocks is req.blocks:
+            e.i1 = i1
+        else:
+            e = req.kv_entry = _Lazy(req.seq, req.blocks, i0, i1)
+            if lst is None:
+                self.lazy[key] = [e]
+            else:
+                lst.append(e)
+            self.n_lazy += 1
+        bhash = self.bhash
+        if i1 - i0 == 1:
+            bhash[req.blocks[i0]] = e
+        else:
+            for b in req.blocks[i0:i1]:
+                bhash[b] = e
+        if self.n_lazy >= self.sweep_at:  # (after bhash: the new entry's blocks make it live)
+            self._sweep()
+
+    def _sweep(self) -> None:
+        """Drop lazy entries none of whose blocks is still cached (they would materialise nothing); amortised
+        O(1) per entry: the next sweep waits until the entries have doubled."""
+        bhash = self.bhash
+        lazy = self.lazy
+        n = 0
+        for key in list(lazy):
+            keep = [e for e in lazy[key] if any(bhash[b] is e for b in e.blocks[e.i0:e.i1])]
+            if keep:
+                lazy[key] = keep
+                n += len(keep)
+            else:
+                del lazy[key]
+        self.n_lazy = n
+        self.sweep_at = 2 * n + self.sweep_min
+
+    def _register(self, req: EngineRequest, start: int, full: int) -> None:
+        """Eager registration of blocks ``start .. full - 1`` (their hashes into ``cached``, later copies of a
+        hash into ``dups``)."""
         seq = req.seq
         hashes = seq._hashes
         if full > len(hashes):
             seq._extend(full)  # extends ``hashes`` in place
         bhash, cached = self.bhash, self.cached
-        if full - start == 1:  # a decode filling one block: the common call
-            b = req.blocks[start]
-            h = hashes[start]
-            bhash[b] = h
-            if h in cached:
-                self.dups.setdefault(h, []).append(b)
-            else:
-                cached[h] = b
-            req.num_cached_blocks = full
-            return
         blks = req.blocks[start:full]
         hs = hashes[start:full]
         for b, h in zip(blks, hs):
@@ -324,7 +422,6 @@ class BlockPool:
         if cached.keys().isdisjoint(hs):
             cached.update(zip(hs, blks))
             if len(cached) == n0 + len(hs):
-                req.num_cached_blocks = full
                 return
             for h in hs:
                 cached.pop(h, None)
@@ -333,7 +430,6 @@ class BlockPool:
                 self.dups.setdefault(h, []).append(b)
             else:
                 cached[h] = b
-        req.num_cached_blocks = full
 
     def release(self, req: EngineRequest) -> None:
         """Free a finished or preempted request's blocks, tail first."""
@@ -365,3 +461,29 @@ class BlockPool:
         for h, b in self.cached.items():
             assert self.bhash[b] == h
         assert 0 not in free
+        entries = [e for lst in self.lazy.values() for e in lst]
+        assert len(entries) == self.n_lazy
+        for b in range(1, self.num_blocks):
+            e = self.bhash[b]
+            if e is not None and e.__class__ is not int:
+                assert any(x is e for x in entries), f"block {b}: lazy entry not indexed"
+                assert b in e.blocks[e.i0:e.i1], f"block {b}: outside its lazy entry"
+
+
+class _Lazy:
+    """Blocks ``blocks[i0:i1]`` of a request, cached (``bhash[b] is`` this entry) but not yet in ``cached``.
+
+    Most cached blocks are evicted without any lookup ever naming them, so their hashes are computed only
+    when a lookup could (``BlockPool._flush``): a lookup of a block whose content starts with segment ``k``
+    first materialises every entry under ``k``, and equal hashes mean equal content, hence equal keys. The
+    dictionary then holds what eager registration would hold, in the same order (``dups``, earliest first).
+    ``blocks`` is the request's block list at registration (a released request gets a new list).
+    """
+
+    __slots__ = ("seq", "blocks", "i0", "i1")
+
+    def __init__(self, seq: TokenSeq, blocks: list[int], i0: int, i1: int) -> None:
+        self.seq = seq
+        self.blocks = blocks
+        self.i0 = i0
+        self.i1 = i1
