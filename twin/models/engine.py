@@ -308,7 +308,9 @@ class Engine:
         s = grp.steps + 1
         due = grp.pop_due(grp.sheap, s) if grp.sheap and grp.sheap[0][0] <= s else []
         bs = grp.bs
-        if n > budget or sum(1 for r in due if (r.num_computed + grp.steps - r.g_base) % bs == 0) > kv.num_free:
+        free = kv.num_free
+        if n > budget or (len(due) > free  # (the exact count of blocks due only when it could matter)
+                          and sum(1 for r in due if (r.num_computed + grp.steps - r.g_base) % bs == 0) > free):
             self._g_dissolve()
             return 0
         caching = kv.caching
@@ -559,6 +561,8 @@ class Engine:
             return 1
         bs = self.kv.block_size
         free = self.kv.num_free
+        if len(self.running) * ((k + bs - 2) // bs) <= free:
+            return k  # no request allocates more than ceil((k - 1) / bs) blocks in steps 2..k: all fit
         cs = [r.num_computed for r in others]  # after step 1's scheduling
         # members by (c - 1) mod bs, c their num_computed after step 1's scheduling (see DecodeGroup.hist)
         phases = [((key + grp.steps) % bs, h) for key, h in enumerate(grp.hist) if h] if g_n else []

@@ -395,7 +395,8 @@ class BlockPool:
         lazy = self.lazy
         n = 0
         for key in list(lazy):
-            keep = [e for e in lazy[key] if any(bhash[b] is e for b in e.blocks[e.i0:e.i1])]
+            # (``in`` over a map compares by identity first: a C-level scan of the entry's blocks)
+            keep = [e for e in lazy[key] if e in map(bhash.__getitem__, e.blocks[e.i0:e.i1])]
             if keep:
                 lazy[key] = keep
                 n += len(keep)
