@@ -53,8 +53,6 @@ def _engine(eager: bool, *, blocks: int, bs: int, group: bool, t_long: int) -> E
                             max_model_len=2048, long_prefill_token_threshold=t_long))
     if eager:
         e.kv = EagerBlockPool(num_blocks=blocks, block_size=bs, enable_prefix_caching=True, max_model_len=2048)
-    else:
-        e.kv.sweep_min = e.kv.sweep_at = 8  # sweep dead lazy entries often
     e.use_group = group
     return e
 

@@ -33,7 +33,6 @@ class BlockPool:
     __slots__ = (
         "num_blocks", "block_size", "caching", "ref", "bhash", "head", "fresh", "cached", "dups",
         "max_model_len", "tail_ids", "tail_first", "tail_base", "tail_at", "tail_len", "lazy", "n_lazy",
-        "sweep_at", "sweep_min",
     )
 
     def __init__(self, *, num_blocks: int, block_size: int, enable_prefix_caching: bool, max_model_len: int) -> None:
@@ -62,8 +61,6 @@ class BlockPool:
         # Blocks registered without their hash (see _Lazy): key -> entries in registration order.
         self.lazy: dict[int, list[_Lazy]] = {}
         self.n_lazy = 0  # entries in ``lazy``
-        self.sweep_min = 1024
-        self.sweep_at = self.sweep_min  # drop entries with no block left once there are this many
 
     # ---- gauges -------------------------------------------------------------------------------
     @property
@@ -211,8 +208,12 @@ class BlockPool:
                     h = bhash[b]
                     if h is not None:
                         bhash[b] = None
-                        if h.__class__ is int:  # (a _Lazy entry has no key in ``cached``)
+                        if h.__class__ is int:
                             del cached[h]
+                        else:  # a _Lazy entry (no key in ``cached``): one block fewer
+                            h.live -= 1
+                            if not h.live:
+                                self._drop(h)
                 out.extend(blk)
                 self.tail_first = end
             else:
@@ -227,7 +228,7 @@ class BlockPool:
                     h = bhash[b]
                     if h is not None:
                         if h.__class__ is not int:
-                            bhash[b] = None
+                            self._uncache(b, h)
                         elif h in dups:
                             self._uncache(b, h)
                         else:
@@ -242,6 +243,9 @@ class BlockPool:
     def _uncache(self, b: int, h: int | _Lazy) -> None:
         self.bhash[b] = None
         if h.__class__ is not int:
+            h.live -= 1
+            if not h.live:
+                self._drop(h)
             return
         if self.cached.get(h) == b:
             extra = self.dups.get(h)
@@ -325,6 +329,10 @@ class BlockPool:
                 self.bhash[b] = None
                 if h.__class__ is int:
                     del self.cached[h]  # no duplicates: the hash maps to this block
+                else:
+                    h.live -= 1
+                    if not h.live:
+                        self._drop(h)
             self.ref[b] = 1
             req.blocks.append(b)
             if len(ids) - self.tail_len > self.tail_len + 4096:
@@ -372,8 +380,9 @@ class BlockPool:
         e = req.kv_entry
         if lst is not None and lst[-1] is e and e.i1 == i0 and e.blocks is req.blocks:
             e.i1 = i1
+            e.live += i1 - i0
         else:
-            e = req.kv_entry = _Lazy(req.seq, req.blocks, i0, i1)
+            e = req.kv_entry = _Lazy(key, req.seq, req.blocks, i0, i1)
             if lst is None:
                 self.lazy[key] = [e]
             else:
@@ -385,25 +394,15 @@ class BlockPool:
         else:
             for b in req.blocks[i0:i1]:
                 bhash[b] = e
-        if self.n_lazy >= self.sweep_at:  # (after bhash: the new entry's blocks make it live)
-            self._sweep()
 
-    def _sweep(self) -> None:
-        """Drop lazy entries none of whose blocks is still cached (they would materialise nothing); amortised
-        O(1) per entry: the next sweep waits until the entries have doubled."""
-        bhash = self.bhash
-        lazy = self.lazy
-        n = 0
-        for key in list(lazy):
-            # (``in`` over a map compares by identity first: a C-level scan of the entry's blocks)
-            keep = [e for e in lazy[key] if e in map(bhash.__getitem__, e.blocks[e.i0:e.i1])]
-            if keep:
-                lazy[key] = keep
-                n += len(keep)
-            else:
-                del lazy[key]
-        self.n_lazy = n
-        self.sweep_at = 2 * n + self.sweep_min
+    def _drop(self, e: _Lazy) -> None:
+        """Forget an entry none of whose blocks is cached any more (it would materialise nothing)."""
+        lst = self.lazy[e.key]
+        if len(lst) == 1:
+            del self.lazy[e.key]
+        else:
+            lst.remove(e)  # (identity: _Lazy has no __eq__)
+        self.n_lazy -= 1
 
     def _register(self, req: EngineRequest, start: int, full: int) -> None:
         """Eager registration of blocks ``start .. full - 1`` (their hashes into ``cached``, later copies of a
@@ -469,6 +468,8 @@ class BlockPool:
             if e is not None and e.__class__ is not int:
                 assert any(x is e for x in entries), f"block {b}: lazy entry not indexed"
                 assert b in e.blocks[e.i0:e.i1], f"block {b}: outside its lazy entry"
+        for e in entries:
+            assert e.live == sum(1 for b in e.blocks[e.i0:e.i1] if self.bhash[b] is e) > 0, "lazy entry's live count"
 
 
 class _Lazy:
@@ -481,10 +482,12 @@ class _Lazy:
     ``blocks`` is the request's block list at registration (a released request gets a new list).
     """
 
-    __slots__ = ("seq", "blocks", "i0", "i1")
+    __slots__ = ("key", "seq", "blocks", "i0", "i1", "live")
 
-    def __init__(self, seq: TokenSeq, blocks: list[int], i0: int, i1: int) -> None:
+    def __init__(self, key: int, seq: TokenSeq, blocks: list[int], i0: int, i1: int) -> None:
+        self.key = key
         self.seq = seq
         self.blocks = blocks
         self.i0 = i0
         self.i1 = i1
+        self.live = i1 - i0  # blocks whose ``bhash`` is this entry; dropped from the index at 0
