@@ -436,7 +436,30 @@ class BlockPool:
         ref, bhash, head = self.ref, self.bhash, self.head
         ids, at = self.tail_ids, self.tail_at
         pos = start = self.tail_base + len(ids)
-        for b in reversed(req.blocks):
+        blocks = req.blocks
+        if len(blocks) > 8 and max(map(ref.__getitem__, blocks)) == 1:
+            # The usual case: the request is each block's only holder and only its last block may lack a hash.
+            # The loop below would put that block at the head and append the others to the tail in reverse
+            # order: the same, with C-level gathers and no per-block branch.
+            rev = blocks[::-1]
+            last = rev[0]
+            if bhash[last] is None:
+                rev = rev[1:]
+            if list(map(bhash.__getitem__, rev)).count(None) == 0:
+                for b in blocks:
+                    ref[b] = 0
+                if bhash[last] is None:
+                    head[last] = None
+                    head.move_to_end(last, last=False)
+                ids.extend(rev)
+                for b in rev:
+                    at[b] = pos
+                    pos += 1
+                self.tail_len += pos - start
+                req.blocks = []
+                req.num_cached_blocks = 0
+                return
+        for b in reversed(blocks):
             r = ref[b] - 1
             ref[b] = r
             if not r:
