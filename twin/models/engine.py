@@ -24,6 +24,7 @@ from __future__ import annotations
 import heapq
 from array import array
 from heapq import heappush
+from operator import attrgetter
 from dataclasses import dataclass
 
 from twin.engine_profiles.step import StepShape, prefill_attention_work
@@ -54,6 +55,8 @@ class EngineConfig:
             raise ValueError(f"policy must be 'fcfs' or 'priority', not {self.policy!r}")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError("with chunked prefill off, max_num_batched_tokens must be >= max_model_len (as vLLM requires)")
+
+_by_adm = attrgetter("adm")
 
 
 class Engine:
@@ -677,7 +680,7 @@ class Engine:
         bs, mml, caching = grp.bs, grp.mml, kv.caching
         due = grp.pop_due(grp.sheap, sm) if grp.sheap and grp.sheap[0][0] <= sm else []
         if len(due) > 1:
-            due.sort(key=lambda r: r.adm)  # one call per request, in running order, as the loop does
+            due.sort(key=_by_adm)  # one call per request, in running order, as the loop does
         for r in due:
             ca = r.num_computed + S - r.g_base + m  # computed after steps 1..m are scheduled
             if -(-(ca if ca < mml else mml) // bs) > len(r.blocks) or (caching and ca // bs > r.num_cached_blocks):
