@@ -31,8 +31,8 @@ if TYPE_CHECKING:
 
 class BlockPool:
     __slots__ = (
-        "num_blocks", "block_size", "caching", "ref", "bhash", "head", "fresh", "cached", "dups",
-        "max_model_len", "tail_ids", "tail_first", "tail_base", "tail_at", "tail_len", "lazy", "n_lazy",
+        "num_blocks", "block_size", "caching", "bhash", "head", "fresh", "cached", "dups",
+        "max_model_len", "tail_ids", "tail_first", "tail_base", "st", "tail_len", "lazy", "n_lazy",
     )
 
     def __init__(self, *, num_blocks: int, block_size: int, enable_prefix_caching: bool, max_model_len: int) -> None:
@@ -42,18 +42,20 @@ class BlockPool:
         self.block_size = block_size
         self.caching = enable_prefix_caching
         self.max_model_len = max_model_len
-        self.ref = [0] * num_blocks
         self.bhash: list[int | None] = [None] * num_blocks
         # The free queue is head + [fresh, num_blocks) + tail: blocks never used yet sit in the middle in id
         # order (vLLM's initial order) without being materialised; freed unhashed blocks go to the head,
         # freed hashed blocks to the tail.
         self.head: OrderedDict[int, None] = OrderedDict()
-        # The tail: tail_ids[tail_first:] in order, an entry valid iff tail_at[block] is its absolute position
-        # (tail_base + index); a block taken out of the middle (a prefix hit) just gets tail_at = -1.
+        # The tail: tail_ids[tail_first:] in order, an entry valid iff st[block] is its absolute position
+        # (tail_base + index); a block taken out of the middle (a prefix hit) just gets st = -1.
         self.tail_ids = array("i")
         self.tail_first = 0
         self.tail_base = 0
-        self.tail_at = array("q", [-1]) * num_blocks
+        # One state word per block, for ref count and tail position together (the block arrays are read at
+        # random block ids, so fewer arrays means fewer cache misses): st >= 0: free, in the tail at that
+        # absolute position; -1: free elsewhere (head, never used); <= -2: held by -1 - st requests.
+        self.st = array("q", [-1]) * num_blocks
         self.tail_len = 0
         self.fresh = 1
         self.cached: dict[int, int] = {}  # hash -> earliest block holding it
@@ -80,12 +82,13 @@ class BlockPool:
         return [*self.head, *range(self.fresh, self.num_blocks), *self._tail_order()]
 
     def _tail_order(self) -> list[int]:
-        at, base, ids = self.tail_at, self.tail_base, self.tail_ids
+        at, base, ids = self.st, self.tail_base, self.tail_ids
         return [b for i in range(self.tail_first, len(ids)) if at[(b := ids[i])] == base + i]
 
     def _remove_free(self, b: int) -> None:
-        if self.tail_at[b] >= 0:
-            self.tail_at[b] = -1
+        """Take free block ``b`` out of the free queue (its state is left at -1: free elsewhere)."""
+        if self.st[b] >= 0:
+            self.st[b] = -1
             self.tail_len -= 1
             self._maybe_compact()
         else:
@@ -100,7 +103,7 @@ class BlockPool:
         first = self.tail_first
         if len(ids) - first - self.tail_len <= self.tail_len + 4096:
             # Mostly consumed entries (the usual case: the pool cycles through the tail): drop that prefix in
-            # one C-level move; absolute positions (tail_base + index) and so tail_at stay valid.
+            # one C-level move; absolute positions (tail_base + index) and so ``st`` stay valid.
             del ids[:first]
             self.tail_base += first
             self.tail_first = 0
@@ -110,7 +113,7 @@ class BlockPool:
         self.tail_ids = array("i", keep)
         self.tail_first = 0
         self.tail_len = len(keep)
-        at, base = self.tail_at, self.tail_base
+        at, base = self.st, self.tail_base
         for i, b in enumerate(keep):
             at[b] = base + i
 
@@ -175,25 +178,25 @@ class BlockPool:
     # ---- allocation ---------------------------------------------------------------------------
     def _pop_free(self, n: int, out: list[int]) -> None:
         """Pop ``n`` blocks off the free queue (head, then never-used blocks, then tail) into ``out``."""
-        head, bhash, ref = self.head, self.bhash, self.ref
+        head, bhash, st = self.head, self.bhash, self.st
         while n and head:
             b, _ = head.popitem(last=False)
             h = bhash[b]
             if h is not None:  # evict
                 self._uncache(b, h)
-            ref[b] = 1
+            st[b] = -2  # ref 1
             out.append(b)
             n -= 1
         if n:
             fresh = self.fresh
             k = min(n, self.num_blocks - fresh)
             if k:  # never used: no hash, ref 0
-                ref[fresh:fresh + k] = [1] * k
+                st[fresh:fresh + k] = array("q", [-2]) * k
                 out.extend(range(fresh, fresh + k))
                 self.fresh = fresh + k
                 n -= k
         if n:  # the LRU end of the cached-free blocks: evict as we go
-            ids, at, i = self.tail_ids, self.tail_at, self.tail_first
+            ids, i = self.tail_ids, self.tail_first
             cached = self.cached
             live = self.tail_len
             self.tail_len = live - n
@@ -203,8 +206,7 @@ class BlockPool:
                 end = i + n
                 blk = ids[i:end].tolist()
                 for b in blk:
-                    at[b] = -1
-                    ref[b] = 1
+                    st[b] = -2
                     h = bhash[b]
                     if h is not None:
                         bhash[b] = None
@@ -220,10 +222,10 @@ class BlockPool:
                 dups, base = self.dups, self.tail_base
                 for _ in range(n):
                     b = ids[i]
-                    while at[b] != base + i:  # a stale entry
+                    while st[b] != base + i:  # a stale entry
                         i += 1
                         b = ids[i]
-                    at[b] = -1
+                    st[b] = -2
                     i += 1
                     h = bhash[b]
                     if h is not None:
@@ -235,7 +237,6 @@ class BlockPool:
                             bhash[b] = None
                             if cached.get(h) == b:
                                 del cached[h]
-                    ref[b] = 1
                     out.append(b)
                 self.tail_first = i
             self._maybe_compact()
@@ -268,11 +269,11 @@ class BlockPool:
         The full-sequence check (``scheduler_reserve_full_isl``) is a check, not a reservation.
         """
         bs = self.block_size
-        ref = self.ref
+        st = self.st
         nh = len(hits)
         evictable = 0
         for b in hits:
-            if ref[b] == 0:
+            if st[b] >= -1:  # free (ref 0)
                 evictable += 1
         free = self.num_free
         if full_isl:
@@ -285,9 +286,11 @@ class BlockPool:
             return False
         blocks = req.blocks
         for b in hits:
-            if ref[b] == 0:
+            if st[b] >= -1:
                 self._remove_free(b)
-            ref[b] += 1
+                st[b] = -2
+            else:
+                st[b] -= 1  # one more holder
             blocks.append(b)
         req.num_cached_blocks = nh
         if new > 0:
@@ -316,12 +319,12 @@ class BlockPool:
         if new == 1 and self.tail_len and not self.head and self.fresh == self.num_blocks and not self.dups:
             # One block off the tail (the usual decode allocation once the pool has cycled): _pop_free(1)
             # with the stale entries skipped in place.
-            ids, at, i, base = self.tail_ids, self.tail_at, self.tail_first, self.tail_base
+            ids, st, i, base = self.tail_ids, self.st, self.tail_first, self.tail_base
             b = ids[i]
-            while at[b] != base + i:
+            while st[b] != base + i:
                 i += 1
                 b = ids[i]
-            at[b] = -1
+            st[b] = -2  # ref 1
             self.tail_first = i + 1
             self.tail_len -= 1
             h = self.bhash[b]
@@ -333,7 +336,6 @@ class BlockPool:
                     h.live -= 1
                     if not h.live:
                         self._drop(h)
-            self.ref[b] = 1
             req.blocks.append(b)
             if len(ids) - self.tail_len > self.tail_len + 4096:
                 self._maybe_compact()
@@ -433,54 +435,62 @@ class BlockPool:
 
     def release(self, req: EngineRequest) -> None:
         """Free a finished or preempted request's blocks, tail first."""
-        ref, bhash, head = self.ref, self.bhash, self.head
-        ids, at = self.tail_ids, self.tail_at
+        st, bhash, head = self.st, self.bhash, self.head
+        ids = self.tail_ids
         pos = start = self.tail_base + len(ids)
         blocks = req.blocks
-        if len(blocks) > 8 and max(map(ref.__getitem__, blocks)) == 1:
-            # The usual case: the request is each block's only holder and only its last block may lack a hash.
-            # The loop below would put that block at the head and append the others to the tail in reverse
-            # order: the same, with C-level gathers and no per-block branch.
+        if len(blocks) > 8 and min(map(st.__getitem__, blocks)) == -2:
+            # The usual case: the request is each block's only holder (state -2 = ref 1) and only its last block
+            # may lack a hash. The loop below would put that block at the head and append the others to the
+            # tail in reverse order: the same, with C-level gathers and no per-block branch.
             rev = blocks[::-1]
             last = rev[0]
             if bhash[last] is None:
                 rev = rev[1:]
             if list(map(bhash.__getitem__, rev)).count(None) == 0:
-                for b in blocks:
-                    ref[b] = 0
                 if bhash[last] is None:
+                    st[last] = -1
                     head[last] = None
                     head.move_to_end(last, last=False)
                 ids.extend(rev)
                 for b in rev:
-                    at[b] = pos
+                    st[b] = pos
                     pos += 1
                 self.tail_len += pos - start
                 req.blocks = []
                 req.num_cached_blocks = 0
                 return
         for b in reversed(blocks):
-            r = ref[b] - 1
-            ref[b] = r
-            if not r:
+            x = st[b]
+            if x == -2:  # its last holder
                 if bhash[b] is None:
+                    st[b] = -1
                     head[b] = None
                     head.move_to_end(b, last=False)
                 else:
-                    at[b] = pos
+                    st[b] = pos
                     ids.append(b)
                     pos += 1
+            else:
+                st[b] = x + 1
         self.tail_len += pos - start
         req.blocks = []
         req.num_cached_blocks = 0
+
+    def ref_count(self, b: int) -> int:
+        """Requests holding block ``b``."""
+        x = self.st[b]
+        return -1 - x if x <= -2 else 0
 
     def check_invariants(self) -> None:
         """For tests: ref counts, free queue and hash map agree; nothing leaks."""
         free = set(self.free_order())
         assert len(free) == self.num_free, "a block is in the free queue twice"
+        tail = set(self._tail_order())
         for b in range(1, self.num_blocks):
-            assert self.ref[b] >= 0, f"negative ref on block {b}"
-            assert (self.ref[b] == 0) == (b in free), f"block {b}: ref {self.ref[b]} vs free queue"
+            ref = self.ref_count(b)
+            assert (ref == 0) == (b in free), f"block {b}: ref {ref} vs free queue"
+            assert (self.st[b] >= 0) == (b in tail), f"block {b}: state {self.st[b]} vs the tail"
         for h, b in self.cached.items():
             assert self.bhash[b] == h
         assert 0 not in free
