@@ -13,9 +13,14 @@
 Hot-path code: plain lists and typed arrays, no per-block objects. The tail of the free queue (cached
 blocks, LRU by release time) is an ``array`` of block ids read from a moving front with lazy deletion
 (4 bytes an entry instead of an OrderedDict node's ~100: a fleet holds hundreds of pools of ~87k blocks).
+A block's ref count and tail position share one state word (``st``).
+
+Blocks whose content starts with a virtual segment are registered lazily (``_Lazy``): marked cached, but
+hashed and put into ``cached`` only before a lookup that could name them; the map then holds what eager
+registration would (docs/engine.md, "Speed by design"; tests/test_kv_lazy.py).
 
 Memory note: a pool whose blocks are all cached holds ``cached`` (hash -> block) and the hashes
-themselves; those dominate what is left (~11 MB for 87k blocks).
+themselves for the blocks materialised; those dominate what is left (~11 MB for 87k blocks, all hashed).
 """
 
 from __future__ import annotations
