@@ -90,15 +90,6 @@ class BlockPool:
         at, base, ids = self.st, self.tail_base, self.tail_ids
         return [b for i in range(self.tail_first, len(ids)) if at[(b := ids[i])] == base + i]
 
-    def _remove_free(self, b: int) -> None:
-        """Take free block ``b`` out of the free queue (its state is left at -1: free elsewhere)."""
-        if self.st[b] >= 0:
-            self.st[b] = -1
-            self.tail_len -= 1
-            self._maybe_compact()
-        else:
-            del self.head[b]
-
     def _maybe_compact(self) -> None:
         """Drop consumed and stale entries once they outnumber the valid ones (amortised O(1)). Hot callers
         test ``len(tail_ids) - tail_len > tail_len + 4096`` themselves before calling."""
@@ -289,14 +280,25 @@ class BlockPool:
         new = -(-min(h_tokens + n, self.max_model_len) // bs) - nh
         if new + evictable + watermark_blocks > free:
             return False
-        blocks = req.blocks
+        # Touch the hit blocks (out of the free queue; one compaction check at the end: it only tidies the
+        # tail array, whose valid entries and so the queue order are the same either way).
+        head = self.head
+        taken = 0
         for b in hits:
-            if st[b] >= -1:
-                self._remove_free(b)
+            x = st[b]
+            if x >= 0:  # free, in the tail: its entry goes stale
+                taken += 1
+                st[b] = -2
+            elif x == -1:  # free elsewhere (the head)
+                del head[b]
                 st[b] = -2
             else:
-                st[b] -= 1  # one more holder
-            blocks.append(b)
+                st[b] = x - 1  # one more holder
+        req.blocks.extend(hits)
+        if taken:
+            self.tail_len -= taken
+            self._maybe_compact()
+        blocks = req.blocks
         req.num_cached_blocks = nh
         if new > 0:
             self._pop_free(new, blocks)
