@@ -466,6 +466,7 @@ class BlockPool:
                 self.tail_len += pos - start
                 req.blocks = []
                 req.num_cached_blocks = 0
+                req.kv_entry = None  # (a released request's next registration starts a new entry anyway)
                 return
         for b in reversed(blocks):
             x = st[b]
@@ -483,6 +484,7 @@ class BlockPool:
         self.tail_len += pos - start
         req.blocks = []
         req.num_cached_blocks = 0
+        req.kv_entry = None
 
     def ref_count(self, b: int) -> int:
         """Requests holding block ``b``."""
