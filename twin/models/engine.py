@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import heapq
 from array import array
+from heapq import heappush
+from operator import attrgetter
 from dataclasses import dataclass
 
 from twin.engine_profiles.step import StepShape, prefill_attention_work
@@ -53,6 +55,8 @@ class EngineConfig:
             raise ValueError(f"policy must be 'fcfs' or 'priority', not {self.policy!r}")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError("with chunked prefill off, max_num_batched_tokens must be >= max_model_len (as vLLM requires)")
+
+_by_adm = attrgetter("adm")
 
 
 class Engine:
@@ -306,22 +310,37 @@ class Engine:
         grp, kv = self.grp, self.kv
         n = grp.n
         s = grp.steps + 1
-        due = grp.pop_due(grp.sheap, s) if grp.sheap and grp.sheap[0][0] <= s else []
+        sheap = grp.sheap
+        due = grp.pop_due(sheap, s) if sheap and sheap[0][0] <= s else []
+        if not due:
+            if n > budget:
+                self._g_dissolve()
+                return 0
+            return self._g_step(step, n)
         bs = grp.bs
-        if n > budget or sum(1 for r in due if (r.num_computed + grp.steps - r.g_base) % bs == 0) > kv.num_free:
+        free = kv.num_free
+        if n > budget or (len(due) > free  # (the exact count of blocks due only when it could matter)
+                          and sum(1 for r in due if (r.num_computed + grp.steps - r.g_base) % bs == 0) > free):
             self._g_dissolve()
             return 0
         caching = kv.caching
+        S, bs1 = grp.steps, bs - 1
         for r in due:  # in running order, as Phase A would reach them
-            c = r.num_computed + grp.steps - r.g_base
+            c = r.num_computed + S - r.g_base
             c1 = c + 1
             q = c % bs
             if q == 0 or len(r.blocks) * bs < c1:
                 ok = kv.allocate_decode(r, c1)
                 assert ok, "counted against num_free above"
-            elif q == bs - 1 and caching and c1 // bs > r.num_cached_blocks:
+            elif q == bs1 and caching and c1 // bs > r.num_cached_blocks:
                 kv._cache_upto(r, c1 // bs)
-            grp.push_sched(r, grp.next_sched(s + 1, c1))
+            # grp.push_sched(r, grp.next_sched(s + 1, c1)), inlined: c1 % bs is q + 1, or 0 when q is bs - 1
+            heappush(sheap, (s + 1 if q == bs1 else s + bs1 - q, r.adm, r.g_ver, r))
+        return self._g_step(step, n)
+
+    def _g_step(self, step: Step, n: int) -> int:
+        """The group's ``n`` members into ``step``, one token each."""
+        grp = self.grp
         step.reqs = self.running[:n]
         step.ns = [1] * n
         step.g_n = n
@@ -559,6 +578,8 @@ class Engine:
             return 1
         bs = self.kv.block_size
         free = self.kv.num_free
+        if len(self.running) * ((k + bs - 2) // bs) <= free:
+            return k  # no request allocates more than ceil((k - 1) / bs) blocks in steps 2..k: all fit
         cs = [r.num_computed for r in others]  # after step 1's scheduling
         # members by (c - 1) mod bs, c their num_computed after step 1's scheduling (see DecodeGroup.hist)
         phases = [((key + grp.steps) % bs, h) for key, h in enumerate(grp.hist) if h] if g_n else []
@@ -659,13 +680,14 @@ class Engine:
         bs, mml, caching = grp.bs, grp.mml, kv.caching
         due = grp.pop_due(grp.sheap, sm) if grp.sheap and grp.sheap[0][0] <= sm else []
         if len(due) > 1:
-            due.sort(key=lambda r: r.adm)  # one call per request, in running order, as the loop does
+            due.sort(key=_by_adm)  # one call per request, in running order, as the loop does
         for r in due:
             ca = r.num_computed + S - r.g_base + m  # computed after steps 1..m are scheduled
             if -(-(ca if ca < mml else mml) // bs) > len(r.blocks) or (caching and ca // bs > r.num_cached_blocks):
                 ok = kv.allocate_decode(r, ca)
                 assert ok, "max_decode_run guaranteed the blocks"
-            grp.push_sched(r, grp.next_sched(sm + 1, ca))
+            qa = ca % bs  # grp.push_sched(r, grp.next_sched(sm + 1, ca)), inlined
+            heappush(grp.sheap, (sm + 1 if qa == 0 else sm + bs - qa, r.adm, r.g_ver, r))
         self._g_emit(step, ends_s[0])
         itl_g = self.itl_groups
         if itl_g is not None:
