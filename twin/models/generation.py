@@ -294,6 +294,10 @@ class Generations:
             self.w.gateway.completed(entry.facts.request_id, r.prompt_tokens + r.num_output)
             if not st.done.triggered:
                 st.done.succeed()
+            # EngineRequest -> these closures -> st -> st.req is a reference cycle, and req.tag -> entry ->
+            # entry.on_dispatch -> st another: drop the request's side once it is finished, so reference
+            # counting frees a finished generation instead of the cyclic collector.
+            r.on_tokens = r.on_finished = r.tag = None
             self.w.queue.kick()
 
         req.on_tokens = on_tokens
