@@ -295,6 +295,11 @@ class Generations:
             if not st.done.triggered:
                 st.done.succeed()
             self.w.queue.kick()
+            # The engine calls neither again (it finishes a request once, after its last tokens). Dropping
+            # them breaks the cycle request -> callback -> stream -> request, so the generation's objects
+            # are freed by reference counting now instead of by the cyclic collector, which a fleet run
+            # otherwise spends ~10% of its time in.
+            r.on_tokens = r.on_finished = None
 
         req.on_tokens = on_tokens
         req.on_finished = on_finished

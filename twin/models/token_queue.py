@@ -155,6 +155,7 @@ class TokenQueue:
                 e.replica_id = decision.replica_id
                 self.router.sent(e.facts, decision.replica_id)
                 e.on_dispatch(e, self.router.by_id[decision.replica_id])  # type: ignore[operator]
+                e.on_dispatch = None  # called once; dropping it breaks a cycle (see Generations._submit)
                 e.is_dispatched = True
                 if e.dispatched is not None:
                     e.dispatched.succeed(decision.replica_id)
