@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import simpy
 
@@ -38,7 +38,6 @@ class QueueEntry:
     replica_id: str | None = None
     removed: bool = False
     on_dispatch: object = None  # callback(entry, handle) that submits the generation
-    meta: dict = field(default_factory=dict)
 
 
 class TokenQueue:
