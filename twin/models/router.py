@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import simpy
 
@@ -69,8 +70,10 @@ class Router:
         self._placed: dict[tuple, list[int]] = {}
         # (model, allowed regions, pool, max_waiting) -> the indices of _placed that have room. Room is lost
         # only when a request is sent (``sent`` clears this when a replica reaches a limit in use) and
-        # comes back only at a scrape, so a dispatch reads the list instead of testing every replica.
-        self._room: dict[tuple, list[int]] = {}
+        # comes back only at a scrape, so a dispatch reads the list instead of testing every replica. The
+        # same key plus a region -> (that region's part of it, its largest max_model_len).
+        self._room: dict[tuple, Any] = {}
+        self._regional = getattr(self.policy, "chooses_from_candidates", False)
         self._room_limits: set[int] = set()
         self.decisions = 0
         self.scrape()
@@ -104,6 +107,32 @@ class Router:
         room for one more. Room: scraped waiting + requests routed there since the scrape < ``max_waiting``
         (0 = no limit).
         """
+        # the current snapshots (the ledger refreshes them) of the replicas with room, in C
+        return list(map(self.snapshots.__getitem__, self._with_room(model, allowed_regions, max_waiting, pool)))
+
+    def candidates_for(self, facts: RequestFacts, allowed_regions: Sequence[str] | None, max_waiting: int,
+                       pool: str | None = None) -> list[ReplicaSnapshot]:
+        """``candidates`` for one request; for a policy that chooses among ``candidate_replicas`` alone
+        (``chooses_from_candidates``) and a request steered to a region that needs no long context, only
+        the replicas with room in that region when one of them is eligible. The policy's candidates are the
+        same either way (it keeps the steered region's eligible replicas when there are any), and it reads
+        about a third of the list in a three-region fleet (all of them healthy: ``_placed`` holds no other).
+        """
+        room = self._with_room(facts.model, allowed_regions, max_waiting, pool)
+        region = facts.region
+        if self._regional and region is not None and not facts.needs_long_context:
+            key = (facts.model, None if allowed_regions is None else tuple(allowed_regions), pool, max_waiting, region)
+            local = self._room.get(key)
+            if local is None:
+                snaps = self.snapshots
+                idx = [i for i in room if snaps[i].region == region]
+                local = self._room[key] = (idx, max([snaps[i].max_model_len for i in idx], default=-1))
+            if local[1] >= facts.total_tokens:  # some replica there is eligible (healthy, model, residency: placed)
+                return list(map(self.snapshots.__getitem__, local[0]))
+        return list(map(self.snapshots.__getitem__, room))
+
+    def _with_room(self, model: str, allowed_regions: Sequence[str] | None, max_waiting: int,
+                   pool: str | None) -> list[int]:
         snaps = self.snapshots
         key = (model, None if allowed_regions is None else tuple(allowed_regions), pool, max_waiting)
         room = self._room.get(key)
@@ -122,8 +151,7 @@ class Router:
             else:
                 room = placed
             self._room[key] = room
-        # the current snapshots (the ledger refreshes them) of the replicas with room, in C
-        return list(map(snaps.__getitem__, room))
+        return room
 
     def route(self, facts: RequestFacts, candidates: list[ReplicaSnapshot]) -> RoutingDecision:
         self.decisions += 1

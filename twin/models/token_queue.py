@@ -137,7 +137,7 @@ class TokenQueue:
                     if len(blocked) >= 64:  # the rest waits for the next kick; order is kept by the heap
                         break
                     continue
-                cands = self.router.candidates(e.facts.model, e.allowed_regions, self.max_waiting, e.pool)
+                cands = self.router.candidates_for(e.facts, e.allowed_regions, self.max_waiting, e.pool)
                 if not cands:
                     blocked_models.add(key)
                     blocked.append(item)
