@@ -299,6 +299,11 @@ class Generations:
             # counting frees a finished generation instead of the cyclic collector.
             r.on_tokens = r.on_finished = r.tag = None
             self.w.queue.kick()
+            # The engine calls neither again (it finishes a request once, after its last tokens). Dropping
+            # them breaks the cycle request -> callback -> stream -> request, so the generation's objects
+            # are freed by reference counting now instead of by the cyclic collector, which a fleet run
+            # otherwise spends ~10% of its time in.
+            r.on_tokens = r.on_finished = None
 
         req.on_tokens = on_tokens
         req.on_finished = on_finished
