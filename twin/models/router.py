@@ -76,6 +76,7 @@ class Router:
         self._regional = getattr(self.policy, "chooses_from_candidates", False)
         self._room_limits: set[int] = set()
         self.decisions = 0
+        self._went_down: list[ReplicaSnapshot] = []  # gone down since the last decision (see route)
         self.scrape()
 
     def start(self) -> None:
@@ -88,6 +89,7 @@ class Router:
 
     def scrape(self) -> None:
         now = self.env.now
+        before = self.snapshots
         snaps = []
         for h in self.handles:
             eng = h.replica.engine
@@ -97,6 +99,9 @@ class Router:
                 num_running=len(eng.running), num_waiting=len(eng.waiting), kv_usage=min(max(eng.kv.usage(), 0.0), 1.0),
                 outstanding_tokens=h.outstanding_tokens, max_model_len=h.max_model_len, scraped_at_s=now))
             h.pending_since_scrape = 0
+        for old, new in zip(before, snaps):
+            if old.healthy and not new.healthy:
+                self._went_down.append(new)
         self.snapshots = snaps
         self._placed.clear()
         self._room.clear()
@@ -155,6 +160,13 @@ class Router:
 
     def route(self, facts: RequestFacts, candidates: list[ReplicaSnapshot]) -> RoutingDecision:
         self.decisions += 1
+        if self._went_down:
+            # The policy's contract is to be shown every replica, unhealthy ones included, and it forgets
+            # what it knew of a replica it sees down (the prefix routers' index: a crashed or drained engine's
+            # cache is gone). This host hands over only replicas that could be chosen, so it adds each replica
+            # that went down since the last decision, once: ineligible, it changes no candidate list.
+            candidates = [*candidates, *self._went_down]
+            self._went_down = []
         return self.policy.route(facts, candidates, self.env.now)
 
     def sent(self, facts: RequestFacts, replica_id: str) -> None:
@@ -184,7 +196,10 @@ class Router:
     def mark_unhealthy(self, replica_id: str) -> None:
         """Passive health check: a connection failure marks the replica down before the next scrape."""
         h = self.by_id[replica_id]
-        self.snapshots[h.index] = dataclasses.replace(self.snapshots[h.index], healthy=False)
+        was = self.snapshots[h.index]
+        self.snapshots[h.index] = dataclasses.replace(was, healthy=False)
+        if was.healthy:
+            self._went_down.append(self.snapshots[h.index])
         self._placed.clear()
         self._room.clear()
 
