@@ -40,7 +40,8 @@ class BaseRouter(PolicyBase[RouterParams]):
     # ``replicas`` but unhealthy snapshots (``_observe``). So a host that passes only healthy replicas may
     # pass, for a request that needs no long context and is steered to a region with an eligible
     # replica, only that region's replicas: the candidates, and so the decision, are the same, and the
-    # router reads fewer snapshots. A router that filters the replicas itself sets this False.
+    # router reads fewer snapshots. It must still pass each replica that went down at least once, so that
+    # ``_observe`` sees it. A router that filters the replicas itself sets this False.
     chooses_from_candidates: ClassVar[bool] = True
 
     def __init__(self, params: RouterParams, *, seed: int) -> None:
