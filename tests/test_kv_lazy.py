@@ -2,7 +2,8 @@
 
 Two engines are driven through the same random event sequence: one with the block pool as it is, one whose
 pool registers every block's hash eagerly at scheduling time (the plain reading of vLLM's ``cache_blocks``;
-``EagerBlockPool`` below). The workload is multi-turn: prompts start with one of a few system prompts, replay
+``EagerBlockPool`` below), its every request on the per-request path (no decode group, whose members'
+registration is deferred: ``BlockPool.pend``). The workload is multi-turn: prompts start with one of a few system prompts, replay
 earlier turns' messages and answers (the answers are other requests' output segments, so output blocks get
 hit), sometimes resume an answer (the output continues a prompt segment), sometimes carry real token ids,
 sometimes arrive twice at once (duplicate hashes); the pool is small enough to evict and preempt, and
@@ -53,7 +54,7 @@ def _engine(eager: bool, *, blocks: int, bs: int, group: bool, t_long: int) -> E
                             max_model_len=2048, long_prefill_token_threshold=t_long))
     if eager:
         e.kv = EagerBlockPool(num_blocks=blocks, block_size=bs, enable_prefix_caching=True, max_model_len=2048)
-    e.use_group = group
+    e.use_group = group and not eager  # the reference registers every block when its step is scheduled
     return e
 
 

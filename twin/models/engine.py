@@ -330,12 +330,15 @@ class Engine:
             c1 = c + 1
             q = c % bs
             if q == 0 or len(r.blocks) * bs < c1:
-                ok = kv.allocate_decode(r, c1)
+                ok = kv.grow_decode(r, c1)  # (the blocks only: a member's registration is deferred, kv.pend)
                 assert ok, "counted against num_free above"
-            elif q == bs1 and caching and c1 // bs > r.num_cached_blocks:
-                kv._cache_upto(r, c1 // bs)
-            # grp.push_sched(r, grp.next_sched(s + 1, c1)), inlined: c1 % bs is q + 1, or 0 when q is bs - 1
-            heappush(sheap, (s + 1 if q == bs1 else s + bs1 - q, r.adm, r.g_ver, r))
+            if q == bs1 and caching and c1 // bs > r.num_cached_blocks:
+                kv._cache_upto(r, c1 // bs)  # a block that starts in the prompt (see _g_next)
+            # grp.push_sched(r, self._g_next(s + 1, c1, r)), inlined: c1 % bs is q + 1, or 0 when q is bs - 1
+            if not caching or c1 - c1 % bs >= r.seq._length:
+                heappush(sheap, (s + bs - q, r.adm, r.g_ver, r))
+            else:
+                heappush(sheap, (s + 1 if q == bs1 else s + bs1 - q, r.adm, r.g_ver, r))
         return self._g_step(step, n)
 
     def _g_step(self, step: Step, n: int) -> int:
@@ -358,6 +361,7 @@ class Engine:
         n = grp.n
         itl_g = self.itl_groups
         mml, S = self.cfg.max_model_len, grp.steps
+        pend = self.kv.pend if self.kv.caching else None
         while n < len(running):
             r = running[n]
             o = r._nout
@@ -366,6 +370,11 @@ class Engine:
             if (r.status != Status.RUNNING or o <= 0 or c != r.seq.num_tokens - 1 or r.last_token_s != end_s
                     or r.token_times is not None or (w is not None and w <= o) or c >= mml - 1):
                 break
+            if pend is not None:
+                key = r.seq._out_seg
+                if key in pend:  # another member defers registration under this segment (a resumed answer)
+                    break
+                pend[key] = r
             if itl_g is not None:
                 code = itl_g._index.get(r.group)
                 if code is None:  # a label not recorded yet: let the per-request path record it first
@@ -379,10 +388,29 @@ class Engine:
             r._grp = grp
             grp.csum += c
             grp.hist[(c - S) % grp.bs] += 1
-            grp.push_sched(r, grp.next_sched(S + 1, c))
+            grp.push_sched(r, self._g_next(S + 1, c, r))
             grp.push_complete(r)
             n += 1
         grp.n = n
+
+    def _g_next(self, s: int, c: int, r: EngineRequest) -> int:
+        """The member's next schedule-time touch from group step ``s``, whose scheduling finds ``c`` computed
+        tokens: the next block to allocate, and while the block being filled starts in the prompt (its key may
+        be shared, so it is registered on time), the step that fills it. Blocks that start in the output are
+        registered when the member leaves (``kv.pend``): one call for all of them, not one touch each."""
+        if not self.kv.caching or c - c % self.grp.bs >= r.seq._length:
+            return s + (-c) % self.grp.bs
+        return self.grp.next_sched(s, c)
+
+    def _g_write_out(self, r: EngineRequest) -> None:
+        """A member that has just left (fields written, ``_grp`` cleared): its deferred registration written,
+        its segment out of ``kv.pend``."""
+        kv = self.kv
+        if kv.caching:
+            kv._write_pending(r)
+            key = r.seq._out_seg
+            if kv.pend.get(key) is r:
+                del kv.pend[key]
 
     def _g_leave(self, r: EngineRequest) -> None:
         """``r`` leaves the group with its true values written (the caller takes it out of ``running``)."""
@@ -397,6 +425,7 @@ class Engine:
         grp.n -= 1
         r.g_ver = None
         r._grp = None
+        self._g_write_out(r)
 
     def _g_dissolve(self) -> None:
         """Every member back to plain per-request state (true values written; in-flight token included)."""
@@ -405,6 +434,7 @@ class Engine:
             grp.materialise(r)
             r.g_ver = None
             r._grp = None
+            self._g_write_out(r)
         grp.n = grp.csum = grp.infl = 0
         grp.hist = [0] * grp.bs
         grp.sheap.clear()
@@ -683,11 +713,16 @@ class Engine:
             due.sort(key=_by_adm)  # one call per request, in running order, as the loop does
         for r in due:
             ca = r.num_computed + S - r.g_base + m  # computed after steps 1..m are scheduled
-            if -(-(ca if ca < mml else mml) // bs) > len(r.blocks) or (caching and ca // bs > r.num_cached_blocks):
-                ok = kv.allocate_decode(r, ca)
+            if -(-(ca if ca < mml else mml) // bs) > len(r.blocks):
+                ok = kv.grow_decode(r, ca)  # (the blocks only: a member's registration is deferred, kv.pend)
                 assert ok, "max_decode_run guaranteed the blocks"
-            qa = ca % bs  # grp.push_sched(r, grp.next_sched(sm + 1, ca)), inlined
-            heappush(grp.sheap, (sm + 1 if qa == 0 else sm + bs - qa, r.adm, r.g_ver, r))
+            if caching and ca // bs > r.num_cached_blocks and r.num_cached_blocks * bs < r.seq._length:
+                kv._cache_upto(r, ca // bs)  # a block that starts in the prompt, filled in this run (see _g_next)
+            qa = ca % bs  # grp.push_sched(r, self._g_next(sm + 1, ca, r)), inlined
+            if not caching or ca - qa >= r.seq._length:
+                heappush(grp.sheap, (sm + 1 + (bs - qa) % bs, r.adm, r.g_ver, r))
+            else:
+                heappush(grp.sheap, (sm + 1 if qa == 0 else sm + bs - qa, r.adm, r.g_ver, r))
         self._g_emit(step, ends_s[0])
         itl_g = self.itl_groups
         if itl_g is not None:

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 class BlockPool:
     __slots__ = (
         "num_blocks", "block_size", "caching", "bhash", "head", "fresh", "cached", "dups",
-        "max_model_len", "tail_ids", "tail_first", "tail_base", "st", "tail_len", "lazy", "n_lazy",
+        "max_model_len", "tail_ids", "tail_first", "tail_base", "st", "tail_len", "lazy", "n_lazy", "pend",
     )
 
     def __init__(self, *, num_blocks: int, block_size: int, enable_prefix_caching: bool, max_model_len: int) -> None:
@@ -68,6 +68,12 @@ class BlockPool:
         # Blocks registered without their hash (see _Lazy): key -> entries in registration order.
         self.lazy: dict[int, list[_Lazy]] = {}
         self.n_lazy = 0  # entries in ``lazy``
+        # Deferred registration (the engine's decode group): output segment -> the one request whose full blocks
+        # past ``num_cached_blocks`` count as registered without being written (up to ``computed_now // bs``).
+        # Written out (``_write_pending``) before any lookup or other request's registration under that segment,
+        # and by the engine when the request leaves the group, so every map holds what scheduling-time
+        # registration would hold whenever it is read.
+        self.pend: dict[int, EngineRequest] = {}
 
     # ---- gauges -------------------------------------------------------------------------------
     @property
@@ -130,12 +136,15 @@ class BlockPool:
             seq._head(max_blocks)  # the memoised chain of the leading pieces, if any
             if not hashes:
                 seq._extend_from(1)
-        lazy = self.lazy
+        lazy, pend = self.lazy, self.pend
         cached = self.cached
         hits: list[int] = []
-        for key, i0, i1 in (seq.key_runs(0, max_blocks) if lazy else ((None, 0, max_blocks),)):
-            if key is not None and key in lazy:
-                self._flush(key)
+        for key, i0, i1 in (seq.key_runs(0, max_blocks) if lazy or pend else ((None, 0, max_blocks),)):
+            if key is not None:
+                if key in pend:
+                    self._write_pending(pend[key])
+                if key in lazy:
+                    self._flush(key)
             for i in range(i0, i1):
                 if i >= len(hashes):
                     seq._extend(max_blocks)
@@ -167,6 +176,8 @@ class BlockPool:
     def materialise(self) -> dict[int, int]:
         """Every lazily registered block's hash into ``cached`` (for tests and inspection); returns ``cached``.
         Changes no behaviour: materialising early is what eager registration does."""
+        for r in list(self.pend.values()):
+            self._write_pending(r)
         for key in list(self.lazy):
             self._flush(key)
         return self.cached
@@ -320,6 +331,15 @@ class BlockPool:
     def allocate_decode(self, req: EngineRequest, computed_after: int) -> bool:
         """``allocate`` for a decoding request whose KV will cover ``computed_after`` tokens, all of them
         known (``computed_after`` equals the sequence length the scheduled steps have produced)."""
+        if not self.grow_decode(req, computed_after):
+            return False
+        if self.caching and computed_after // self.block_size > req.num_cached_blocks:
+            self._cache_upto(req, computed_after // self.block_size)
+        return True
+
+    def grow_decode(self, req: EngineRequest, computed_after: int) -> bool:
+        """The block half of ``allocate_decode``: ``req``'s blocks grown to cover ``computed_after`` tokens, no
+        registration (a decode-group member's is deferred, see ``pend``)."""
         bs = self.block_size
         mml = self.max_model_len
         new = -(-(computed_after if computed_after < mml else mml) // bs) - len(req.blocks)
@@ -350,8 +370,6 @@ class BlockPool:
             if new > self.num_free:
                 return False
             self._pop_free(new, req.blocks)
-        if self.caching and computed_after // bs > req.num_cached_blocks:
-            self._cache_upto(req, computed_after // bs)
         return True
 
     def blocks_needed(self, req: EngineRequest, n: int) -> int:
@@ -385,6 +403,10 @@ class BlockPool:
     def _register_lazy(self, req: EngineRequest, key: int, i0: int, i1: int) -> None:
         """Blocks ``i0 .. i1 - 1`` of ``req`` become cached under ``key`` without their hashes: ``bhash[b]`` is
         the entry (continuing the request's last entry when it is the newest under ``key``)."""
+        if self.pend:
+            o = self.pend.get(key)
+            if o is not None and o is not req:  # another request's deferred blocks under key come first
+                self._write_pending(o)
         lst = self.lazy.get(key)
         e = req.kv_entry
         if lst is not None and lst[-1] is e and e.i1 == i0 and e.blocks is req.blocks:
@@ -403,6 +425,12 @@ class BlockPool:
         else:
             for b in req.blocks[i0:i1]:
                 bhash[b] = e
+
+    def _write_pending(self, req: EngineRequest) -> None:
+        """Register ``req``'s deferred full blocks (see ``pend``), as scheduling-time registration would have."""
+        full = req.computed_now // self.block_size  # (a member's seq.num_tokens lags; its computed count <= it)
+        if full > req.num_cached_blocks:
+            self._cache_upto(req, full)
 
     def _drop(self, e: _Lazy) -> None:
         """Forget an entry none of whose blocks is cached any more (it would materialise nothing)."""

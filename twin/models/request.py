@@ -93,6 +93,15 @@ class EngineRequest:
         self._nout = value
 
     @property
+    def computed_now(self) -> int:
+        """``num_computed`` read through the decode group's offset (the in-flight step's token included), for
+        the block pool's deferred registration of a member's blocks (``BlockPool.pend``)."""
+        g = self._grp
+        if g is None:
+            return self.num_computed
+        return self.num_computed + g.steps - self.g_base + g.infl
+
+    @property
     def num_tokens(self) -> int:
         """Prompt + output tokens (read through the decode group's offset like ``num_output``; a member's
         ``seq.num_tokens`` itself lags until the engine writes it)."""
