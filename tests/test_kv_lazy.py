@@ -51,7 +51,7 @@ class EagerBlockPool(BlockPool):
 
 def _engine(eager: bool, *, blocks: int, bs: int, group: bool, t_long: int) -> Engine:
     e = Engine(EngineConfig(num_gpu_blocks=blocks, block_size=bs, max_num_batched_tokens=256, max_num_seqs=32,
-                            max_model_len=2048, long_prefill_token_threshold=t_long))
+                            max_model_len=2048, long_prefill_token_threshold=t_long), track_groups=True)
     if eager:
         e.kv = EagerBlockPool(num_blocks=blocks, block_size=bs, enable_prefix_caching=True, max_model_len=2048)
     e.use_group = group and not eager  # the reference registers every block when its step is scheduled
@@ -60,7 +60,9 @@ def _engine(eager: bool, *, blocks: int, bs: int, group: bool, t_long: int) -> E
 
 def _request(spec: dict, bs: int) -> EngineRequest:
     seq = TokenSeq(spec["pieces"], block_size=bs, output_segment=spec["out_seg"], output_offset=spec["out_off"])
-    return EngineRequest(request_id=str(spec["rid"]), arrival_s=spec["t"], seq=seq, max_tokens=spec["out"])
+    r = EngineRequest(request_id=str(spec["rid"]), arrival_s=spec["t"], seq=seq, max_tokens=spec["out"])
+    r.group = f"g{spec['rid'] % 7}"  # a label's first gap stops the decode group's join (a path with its own exits)
+    return r
 
 
 def _spec(rng, rid: int, t: float, convs: list[list], bs: int) -> dict:

@@ -370,11 +370,8 @@ class Engine:
             if (r.status != Status.RUNNING or o <= 0 or c != r.seq.num_tokens - 1 or r.last_token_s != end_s
                     or r.token_times is not None or (w is not None and w <= o) or c >= mml - 1):
                 break
-            if pend is not None:
-                key = r.seq._out_seg
-                if key in pend:  # another member defers registration under this segment (a resumed answer)
-                    break
-                pend[key] = r
+            if pend is not None and r.seq._out_seg in pend:
+                break  # another member defers registration under this segment (a resumed answer)
             if itl_g is not None:
                 code = itl_g._index.get(r.group)
                 if code is None:  # a label not recorded yet: let the per-request path record it first
@@ -382,6 +379,8 @@ class Engine:
                 if itl_g.codes.typecode != grp.codes.typecode:
                     grp.codes = array(itl_g.codes.typecode, grp.codes)
                 grp.codes.append(code)
+            if pend is not None:
+                pend[r.seq._out_seg] = r
             grp.ver += 1
             r.g_ver = grp.ver
             r.g_base = S

@@ -531,6 +531,8 @@ class BlockPool:
         for h, b in self.cached.items():
             assert self.bhash[b] == h
         assert 0 not in free
+        for key, r in self.pend.items():
+            assert r.seq._out_seg == key and r._grp is not None, f"deferred registration of a non-member under {key}"
         entries = [e for lst in self.lazy.values() for e in lst]
         assert len(entries) == self.n_lazy
         for b in range(1, self.num_blocks):
