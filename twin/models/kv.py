@@ -38,6 +38,7 @@ class BlockPool:
     __slots__ = (
         "num_blocks", "block_size", "caching", "bhash", "head", "fresh", "cached", "dups",
         "max_model_len", "tail_ids", "tail_first", "tail_base", "st", "tail_len", "lazy", "n_lazy", "pend",
+        "n_shared",
     )
 
     def __init__(self, *, num_blocks: int, block_size: int, enable_prefix_caching: bool, max_model_len: int) -> None:
@@ -61,6 +62,7 @@ class BlockPool:
         # random block ids, so fewer arrays means fewer cache misses): st >= 0: free, in the tail at that
         # absolute position; -1: free elsewhere (head, never used); <= -2: held by -1 - st requests.
         self.st = array("q", [-1]) * num_blocks
+        self.n_shared = 0  # blocks with more than one holder (st <= -3): none lets release skip reading st
         self.tail_len = 0
         self.fresh = 1
         self.cached: dict[int, int] = {}  # hash -> earliest block holding it
@@ -305,6 +307,8 @@ class BlockPool:
                 st[b] = -2
             else:
                 st[b] = x - 1  # one more holder
+                if x == -2:
+                    self.n_shared += 1
         req.blocks.extend(hits)
         if taken:
             self.tail_len -= taken
@@ -474,28 +478,29 @@ class BlockPool:
         ids = self.tail_ids
         pos = start = self.tail_base + len(ids)
         blocks = req.blocks
-        if len(blocks) > 8 and min(map(st.__getitem__, blocks)) == -2:
-            # The usual case: the request is each block's only holder (state -2 = ref 1) and only its last block
-            # may lack a hash. The loop below would put that block at the head and append the others to the
-            # tail in reverse order: the same, with C-level gathers and no per-block branch.
+        nb = len(blocks)
+        if nb > 8 and req.num_cached_blocks >= nb - 1 and not self.n_shared:
+            # The usual case: no block anywhere has a second holder (so the request is each of its blocks' only
+            # holder) and only its last block may lack a hash (a held block is hashed iff it is registered, and
+            # ``num_cached_blocks`` counts those). The loop below would put that block at the head and append
+            # the others to the tail in reverse order: the same, without reading a block's state or hash (those
+            # reads, at scattered block ids, were most of release's time).
             rev = blocks[::-1]
-            last = rev[0]
-            if bhash[last] is None:
+            if req.num_cached_blocks < nb:
+                last = rev[0]
                 rev = rev[1:]
-            if list(map(bhash.__getitem__, rev)).count(None) == 0:
-                if bhash[last] is None:
-                    st[last] = -1
-                    head[last] = None
-                    head.move_to_end(last, last=False)
-                ids.extend(rev)
-                for b in rev:
-                    st[b] = pos
-                    pos += 1
-                self.tail_len += pos - start
-                req.blocks = []
-                req.num_cached_blocks = 0
-                req.kv_entry = None  # (a released request's next registration starts a new entry anyway)
-                return
+                st[last] = -1
+                head[last] = None
+                head.move_to_end(last, last=False)
+            ids.extend(rev)
+            for b in rev:
+                st[b] = pos
+                pos += 1
+            self.tail_len += pos - start
+            req.blocks = []
+            req.num_cached_blocks = 0
+            req.kv_entry = None  # (a released request's next registration starts a new entry anyway)
+            return
         for b in reversed(blocks):
             x = st[b]
             if x == -2:  # its last holder
@@ -509,6 +514,8 @@ class BlockPool:
                     pos += 1
             else:
                 st[b] = x + 1
+                if x == -3:
+                    self.n_shared -= 1
         self.tail_len += pos - start
         req.blocks = []
         req.num_cached_blocks = 0
