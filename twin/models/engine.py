@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from heapq import heappush
-from operator import attrgetter
 from dataclasses import dataclass
 
 from twin.engine_profiles.step import StepShape, prefill_attention_work
@@ -55,8 +53,6 @@ class EngineConfig:
             raise ValueError(f"policy must be 'fcfs' or 'priority', not {self.policy!r}")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError("with chunked prefill off, max_num_batched_tokens must be >= max_model_len (as vLLM requires)")
-
-_by_adm = attrgetter("adm")
 
 
 class Engine:
@@ -310,8 +306,7 @@ class Engine:
         grp, kv = self.grp, self.kv
         n = grp.n
         s = grp.steps + 1
-        sheap = grp.sheap
-        due = grp.pop_due(sheap, s) if sheap and sheap[0][0] <= s else []
+        due = grp.take_sched(s)
         if not due:
             if n > budget:
                 self._g_dissolve()
@@ -325,21 +320,56 @@ class Engine:
             return 0
         caching = kv.caching
         S, bs1 = grp.steps, bs - 1
+        push = grp.push_sched
+        grow: list[EngineRequest] = []
+        reg: list[EngineRequest] = []
         for r in due:  # in running order, as Phase A would reach them
             c = r.num_computed + S - r.g_base
             c1 = c + 1
             q = c % bs
             if q == 0 or len(r.blocks) * bs < c1:
-                ok = kv.grow_decode(r, c1)  # (the blocks only: a member's registration is deferred, kv.pend)
-                assert ok, "counted against num_free above"
+                grow.append(r)
             if q == bs1 and caching and c1 // bs > r.num_cached_blocks:
-                kv._cache_upto(r, c1 // bs)  # a block that starts in the prompt (see _g_next)
-            # grp.push_sched(r, self._g_next(s + 1, c1, r)), inlined: c1 % bs is q + 1, or 0 when q is bs - 1
+                reg.append(r)  # a block that starts in the prompt (see _g_next)
+            # push(r, self._g_next(s + 1, c1, r)), inlined: c1 % bs is q + 1, or 0 when q is bs - 1
             if not caching or c1 - c1 % bs >= r.seq._length:
-                heappush(sheap, (s + bs - q, r.adm, r.g_ver, r))
+                push(r, s + bs - q)
             else:
-                heappush(sheap, (s + 1 if q == bs1 else s + bs1 - q, r.adm, r.g_ver, r))
+                push(r, s + 1 if q == bs1 else s + bs1 - q)
+        if grow:
+            self._g_grow(grow, 1)
+        for r in reg:  # after every allocation (see _g_grow)
+            kv._cache_upto(r, (r.num_computed + S - r.g_base + 1) // bs)
         return self._g_step(step, n)
+
+    def _g_grow(self, grow: list[EngineRequest], m: int) -> None:
+        """The blocks that members ``grow`` (in running order) need for the tokens of group steps up to
+        ``steps + m`` (the blocks only: a member's registration is deferred, ``kv.pend``). One pop off the free
+        queue for all of them, dealt out in order: the same blocks sequential allocations would take. The
+        callers register the few blocks due on time (those starting in the prompt) after it, not between
+        allocations: the same maps, as an eviction and a registration commute (evicting a hash promotes its
+        earliest duplicate, which is where a registration after the eviction puts the new block)."""
+        kv, grp = self.kv, self.grp
+        bs, mml, S = grp.bs, grp.mml, grp.steps
+        needs = []
+        total = 0
+        for r in grow:
+            ca = r.num_computed + S - r.g_base + m
+            k = -(-(ca if ca < mml else mml) // bs) - len(r.blocks)
+            needs.append(k)
+            total += k
+        assert total <= kv.num_free, "counted against num_free (a step) or guaranteed by max_decode_run (a run)"
+        got: list[int] = []
+        kv._pop_free(total, got)
+        if total == len(grow):  # one block each (the usual case)
+            for r, b in zip(grow, got):
+                r.blocks.append(b)
+        else:
+            j = 0
+            for r, k in zip(grow, needs):
+                if k > 0:
+                    r.blocks.extend(got[j:j + k])
+                    j += k
 
     def _g_step(self, step: Step, n: int) -> int:
         """The group's ``n`` members into ``step``, one token each."""
@@ -436,7 +466,8 @@ class Engine:
             self._g_write_out(r)
         grp.n = grp.csum = grp.infl = 0
         grp.hist = [0] * grp.bs
-        grp.sheap.clear()
+        grp.sched.clear()
+        grp.scur = grp.steps
         grp.cheap.clear()
         del grp.codes[:]
         grp.epoch += 1
@@ -707,21 +738,25 @@ class Engine:
         S = grp.steps
         sm = S + m
         bs, mml, caching = grp.bs, grp.mml, kv.caching
-        due = grp.pop_due(grp.sheap, sm) if grp.sheap and grp.sheap[0][0] <= sm else []
-        if len(due) > 1:
-            due.sort(key=_by_adm)  # one call per request, in running order, as the loop does
+        due = grp.take_sched(sm)  # in running order: one call per request, as the per-request loop makes
+        push = grp.push_sched
+        grow: list[EngineRequest] = []
+        reg: list[EngineRequest] = []
         for r in due:
             ca = r.num_computed + S - r.g_base + m  # computed after steps 1..m are scheduled
             if -(-(ca if ca < mml else mml) // bs) > len(r.blocks):
-                ok = kv.grow_decode(r, ca)  # (the blocks only: a member's registration is deferred, kv.pend)
-                assert ok, "max_decode_run guaranteed the blocks"
+                grow.append(r)
             if caching and ca // bs > r.num_cached_blocks and r.num_cached_blocks * bs < r.seq._length:
-                kv._cache_upto(r, ca // bs)  # a block that starts in the prompt, filled in this run (see _g_next)
-            qa = ca % bs  # grp.push_sched(r, self._g_next(sm + 1, ca, r)), inlined
+                reg.append(r)  # a block that starts in the prompt, filled in this run (see _g_next)
+            qa = ca % bs  # push(r, self._g_next(sm + 1, ca, r)), inlined
             if not caching or ca - qa >= r.seq._length:
-                heappush(grp.sheap, (sm + 1 + (bs - qa) % bs, r.adm, r.g_ver, r))
+                push(r, sm + 1 + (bs - qa) % bs)
             else:
-                heappush(grp.sheap, (sm + 1 if qa == 0 else sm + bs - qa, r.adm, r.g_ver, r))
+                push(r, sm + 1 if qa == 0 else sm + bs - qa)
+        if grow:
+            self._g_grow(grow, m)
+        for r in reg:  # after every allocation (see _g_grow)
+            kv._cache_upto(r, (r.num_computed + S - r.g_base + m) // bs)
         self._g_emit(step, ends_s[0])
         itl_g = self.itl_groups
         if itl_g is not None:
