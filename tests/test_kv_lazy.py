@@ -1,4 +1,4 @@
-"""The block pool's lazy registration (``kv._Lazy``) changes no result.
+"""The block pool's lazy registration (``twin.models.kv_lazy``) changes no result.
 
 Two engines are driven through the same random event sequence: one with the block pool as it is, one whose
 pool registers every block's hash eagerly at scheduling time (the plain reading of vLLM's ``cache_blocks``;

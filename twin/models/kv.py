@@ -15,9 +15,9 @@ blocks, LRU by release time) is an ``array`` of block ids read from a moving fro
 (4 bytes an entry instead of an OrderedDict node's ~100: a fleet holds hundreds of pools of ~87k blocks).
 A block's ref count and tail position share one state word (``st``).
 
-Blocks whose content starts with a virtual segment are registered lazily (``_Lazy``): marked cached, but
-hashed and put into ``cached`` only before a lookup that could name them; the map then holds what eager
-registration would (docs/engine.md, "Speed by design"; tests/test_kv_lazy.py).
+Blocks whose content starts with a virtual segment are registered lazily (``twin.models.kv_lazy``): marked
+cached, but hashed and put into ``cached`` only before a lookup that could name them; the map then holds
+what eager registration would (docs/engine.md, "Speed by design"; tests/test_kv_lazy.py).
 
 Memory note: a pool whose blocks are all cached holds ``cached`` (hash -> block) and the hashes
 themselves for the blocks materialised; those dominate what is left (~11 MB for 87k blocks, all hashed).
@@ -29,12 +29,14 @@ from array import array
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
+from twin.models.kv_lazy import LazyIndex
+
 if TYPE_CHECKING:
+    from twin.models.kv_lazy import _Lazy
     from twin.models.request import EngineRequest
-    from twin.models.tokens import TokenSeq
 
 
-class BlockPool:
+class BlockPool(LazyIndex):
     __slots__ = (
         "num_blocks", "block_size", "caching", "bhash", "head", "fresh", "cached", "dups",
         "max_model_len", "tail_ids", "tail_first", "tail_base", "st", "tail_len", "lazy", "n_lazy", "pend",
@@ -155,34 +157,6 @@ class BlockPool:
                     return hits
                 hits.append(b)
         return hits
-
-    def _flush(self, key: int) -> None:
-        """Materialise the blocks registered under ``key`` that are still cached: their hashes into ``cached``
-        (or ``dups``) in registration order, as eager registration would have left them."""
-        entries = self.lazy.pop(key)
-        self.n_lazy -= len(entries)
-        bhash, cached, dups = self.bhash, self.cached, self.dups
-        for e in entries:
-            blocks, i1 = e.blocks, e.i1
-            hashes = e.seq.block_hashes(i1)
-            for i in range(e.i0, i1):
-                b = blocks[i]
-                if bhash[b] is e:
-                    h = hashes[i]
-                    bhash[b] = h
-                    if h in cached:
-                        dups.setdefault(h, []).append(b)
-                    else:
-                        cached[h] = b
-
-    def materialise(self) -> dict[int, int]:
-        """Every lazily registered block's hash into ``cached`` (for tests and inspection); returns ``cached``.
-        Changes no behaviour: materialising early is what eager registration does."""
-        for r in list(self.pend.values()):
-            self._write_pending(r)
-        for key in list(self.lazy):
-            self._flush(key)
-        return self.cached
 
     # ---- allocation ---------------------------------------------------------------------------
     def _pop_free(self, n: int, out: list[int]) -> None:
@@ -404,47 +378,6 @@ class BlockPool:
                     self._register_lazy(req, key, i0, i1)
         req.num_cached_blocks = full
 
-    def _register_lazy(self, req: EngineRequest, key: int, i0: int, i1: int) -> None:
-        """Blocks ``i0 .. i1 - 1`` of ``req`` become cached under ``key`` without their hashes: ``bhash[b]`` is
-        the entry (continuing the request's last entry when it is the newest under ``key``)."""
-        if self.pend:
-            o = self.pend.get(key)
-            if o is not None and o is not req:  # another request's deferred blocks under key come first
-                self._write_pending(o)
-        lst = self.lazy.get(key)
-        e = req.kv_entry
-        if lst is not None and lst[-1] is e and e.i1 == i0 and e.blocks is req.blocks:
-            e.i1 = i1
-            e.live += i1 - i0
-        else:
-            e = req.kv_entry = _Lazy(key, req.seq, req.blocks, i0, i1)
-            if lst is None:
-                self.lazy[key] = [e]
-            else:
-                lst.append(e)
-            self.n_lazy += 1
-        bhash = self.bhash
-        if i1 - i0 == 1:
-            bhash[req.blocks[i0]] = e
-        else:
-            for b in req.blocks[i0:i1]:
-                bhash[b] = e
-
-    def _write_pending(self, req: EngineRequest) -> None:
-        """Register ``req``'s deferred full blocks (see ``pend``), as scheduling-time registration would have."""
-        full = req.computed_now // self.block_size  # (a member's seq.num_tokens lags; its computed count <= it)
-        if full > req.num_cached_blocks:
-            self._cache_upto(req, full)
-
-    def _drop(self, e: _Lazy) -> None:
-        """Forget an entry none of whose blocks is cached any more (it would materialise nothing)."""
-        lst = self.lazy[e.key]
-        if len(lst) == 1:
-            del self.lazy[e.key]
-        else:
-            lst.remove(e)  # (identity: _Lazy has no __eq__)
-        self.n_lazy -= 1
-
     def _register(self, req: EngineRequest, start: int, full: int) -> None:
         """Eager registration of blocks ``start .. full - 1`` (their hashes into ``cached``, later copies of a
         hash into ``dups``)."""
@@ -549,24 +482,3 @@ class BlockPool:
                 assert b in e.blocks[e.i0:e.i1], f"block {b}: outside its lazy entry"
         for e in entries:
             assert e.live == sum(1 for b in e.blocks[e.i0:e.i1] if self.bhash[b] is e) > 0, "lazy entry's live count"
-
-
-class _Lazy:
-    """Blocks ``blocks[i0:i1]`` of a request, cached (``bhash[b] is`` this entry) but not yet in ``cached``.
-
-    Most cached blocks are evicted without any lookup ever naming them, so their hashes are computed only
-    when a lookup could (``BlockPool._flush``): a lookup of a block whose content starts with segment ``k``
-    first materialises every entry under ``k``, and equal hashes mean equal content, hence equal keys. The
-    dictionary then holds what eager registration would hold, in the same order (``dups``, earliest first).
-    ``blocks`` is the request's block list at registration (a released request gets a new list).
-    """
-
-    __slots__ = ("key", "seq", "blocks", "i0", "i1", "live")
-
-    def __init__(self, key: int, seq: TokenSeq, blocks: list[int], i0: int, i1: int) -> None:
-        self.key = key
-        self.seq = seq
-        self.blocks = blocks
-        self.i0 = i0
-        self.i1 = i1
-        self.live = i1 - i0  # blocks whose ``bhash`` is this entry; dropped from the index at 0

@@ -75,7 +75,7 @@ class EngineRequest:
         self.g_ver: int | None = None
         self.g_base = 0
         self._grp = None
-        self.kv_entry = None  # the block pool's newest lazy registration of this request's blocks (kv._Lazy)
+        self.kv_entry = None  # the block pool's newest lazy registration of this request's blocks (kv_lazy._Lazy)
 
     @property
     def num_output(self) -> int:
