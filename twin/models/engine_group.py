@@ -9,12 +9,16 @@ into ``Engine`` and works on its attributes (``grp``, ``kv``, ``running``, the i
 from __future__ import annotations
 
 from array import array
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from twin.models.request import EngineRequest, Status
 
 if TYPE_CHECKING:
     from twin.models.engine_parts import Step
+
+
+_by_adm = attrgetter("adm")
 
 
 class GroupPath:
@@ -30,20 +34,22 @@ class GroupPath:
         n = grp.n
         s = grp.steps + 1
         due = grp.take_sched(s)
-        if not due:
+        per = grp.take_per(s, s, True) if grp.per else ()  # one block each (see DecodeGroup)
+        if not due and not per:
             if n > budget:
                 self._g_dissolve()
                 return 0
             return self._g_step(step, n)
         bs = grp.bs
         free = kv.num_free
-        if n > budget or (len(due) > free  # (the exact count of blocks due only when it could matter)
-                          and sum(1 for r in due if (r.num_computed + grp.steps - r.g_base) % bs == 0) > free):
+        if n > budget or (len(due) + len(per) > free  # (the exact count of blocks due only when it could matter)
+                          and len(per) + sum(1 for r in due if (r.num_computed + grp.steps - r.g_base) % bs == 0)
+                          > free):
             self._g_dissolve()
             return 0
         caching = kv.caching
         S, bs1 = grp.steps, bs - 1
-        push = grp.push_sched
+        push, push_per = grp.push_sched, grp.push_per
         grow: list[EngineRequest] = []
         reg: list[EngineRequest] = []
         for r in due:  # in running order, as Phase A would reach them
@@ -53,17 +59,26 @@ class GroupPath:
             if q == 0 or len(r.blocks) * bs < c1:
                 grow.append(r)
             if q == bs1 and caching and c1 // bs > r.num_cached_blocks:
-                reg.append(r)  # a block that starts in the prompt (see _g_next)
-            # push(r, self._g_next(s + 1, c1, r)), inlined: c1 % bs is q + 1, or 0 when q is bs - 1
+                reg.append(r)  # a block that starts in the prompt (see _g_push)
+            # self._g_push(r, s + 1, c1), inlined: c1 % bs is q + 1, or 0 when q is bs - 1
             if not caching or c1 - c1 % bs >= r.seq._length:
-                push(r, s + bs - q)
+                push_per(r, s + bs - q)
             else:
                 push(r, s + 1 if q == bs1 else s + bs1 - q)
         if grow:
-            self._g_grow(grow, 1)
+            self._g_grow(sorted(grow + per, key=_by_adm) if per else grow, 1)
+        elif per:
+            self._g_deal(per)
         for r in reg:  # after every allocation (see _g_grow)
             kv._cache_upto(r, (r.num_computed + S - r.g_base + 1) // bs)
         return self._g_step(step, n)
+
+    def _g_deal(self, per: list[EngineRequest]) -> None:
+        """``_g_grow`` for members that need one block each."""
+        got: list[int] = []
+        self.kv._pop_free(len(per), got)
+        for r, b in zip(per, got):
+            r.blocks.append(b)
 
     def _g_grow(self, grow: list[EngineRequest], m: int) -> None:
         """The blocks that members ``grow`` (in running order) need for the tokens of group steps up to
@@ -140,19 +155,22 @@ class GroupPath:
             r._grp = grp
             grp.csum += c
             grp.hist[(c - S) % grp.bs] += 1
-            grp.push_sched(r, self._g_next(S + 1, c, r))
+            self._g_push(r, S + 1, c)
             grp.push_complete(r)
             n += 1
         grp.n = n
 
-    def _g_next(self, s: int, c: int, r: EngineRequest) -> int:
-        """The member's next schedule-time touch from group step ``s``, whose scheduling finds ``c`` computed
-        tokens: the next block to allocate, and while the block being filled starts in the prompt (its key may
-        be shared, so it is registered on time), the step that fills it. Blocks that start in the output are
-        registered when the member leaves (``kv.pend``): one call for all of them, not one touch each."""
-        if not self.kv.caching or c - c % self.grp.bs >= r.seq._length:
-            return s + (-c) % self.grp.bs
-        return self.grp.next_sched(s, c)
+    def _g_push(self, r: EngineRequest, s: int, c: int) -> None:
+        """Push the member's next schedule-time touch from group step ``s``, whose scheduling finds ``c``
+        computed tokens: the next block to allocate (in ``per``), or while the block being filled starts in the
+        prompt (its key may be shared, so it is registered on time), the step that fills it too (in ``sched``).
+        Blocks that start in the output are registered when the member leaves (``kv.pend``): one call for all
+        of them, not one touch each."""
+        grp = self.grp
+        if not self.kv.caching or c - c % grp.bs >= r.seq._length:
+            grp.push_per(r, s + (-c) % grp.bs)
+        else:
+            grp.push_sched(r, grp.next_sched(s, c))
 
     def _g_write_out(self, r: EngineRequest) -> None:
         """A member that has just left (fields written, ``_grp`` cleared): its deferred registration written,
@@ -190,6 +208,7 @@ class GroupPath:
         grp.n = grp.csum = grp.infl = 0
         grp.hist = [0] * grp.bs
         grp.sched.clear()
+        grp.per.clear()
         grp.scur = grp.steps
         grp.cheap.clear()
         del grp.codes[:]
@@ -216,7 +235,13 @@ class GroupPath:
         sm = S + m
         bs, mml, caching = grp.bs, grp.mml, kv.caching
         due = grp.take_sched(sm)  # in running order: one call per request, as the per-request loop makes
-        push = grp.push_sched
+        per = ()
+        if grp.per:
+            if m - 1 <= bs:  # each deferred member's block step in S + 2 .. sm is its only one: one block each
+                per = grp.take_per(S + 2, sm, True)
+            else:  # (a long run: the general path below)
+                due = sorted(due + grp.take_per(S + 2, sm, False), key=_by_adm)
+        push, push_per = grp.push_sched, grp.push_per
         grow: list[EngineRequest] = []
         reg: list[EngineRequest] = []
         for r in due:
@@ -224,14 +249,16 @@ class GroupPath:
             if -(-(ca if ca < mml else mml) // bs) > len(r.blocks):
                 grow.append(r)
             if caching and ca // bs > r.num_cached_blocks and r.num_cached_blocks * bs < r.seq._length:
-                reg.append(r)  # a block that starts in the prompt, filled in this run (see _g_next)
-            qa = ca % bs  # push(r, self._g_next(sm + 1, ca, r)), inlined
+                reg.append(r)  # a block that starts in the prompt, filled in this run (see _g_push)
+            qa = ca % bs  # self._g_push(r, sm + 1, ca), inlined
             if not caching or ca - qa >= r.seq._length:
-                push(r, sm + 1 + (bs - qa) % bs)
+                push_per(r, sm + 1 + (bs - qa) % bs)
             else:
                 push(r, sm + 1 if qa == 0 else sm + bs - qa)
         if grow:
-            self._g_grow(grow, m)
+            self._g_grow(sorted(grow + per, key=_by_adm) if per else grow, m)
+        elif per:
+            self._g_deal(per)
         for r in reg:  # after every allocation (see _g_grow)
             kv._cache_upto(r, (r.num_computed + S - r.g_base + m) // bs)
         self._g_emit(step, ends_s[0])
