@@ -412,12 +412,14 @@ class BlockPool(LazyIndex):
         pos = start = self.tail_base + len(ids)
         blocks = req.blocks
         nb = len(blocks)
-        if nb > 8 and req.num_cached_blocks >= nb - 1 and not self.n_shared:
-            # The usual case: no block anywhere has a second holder (so the request is each of its blocks' only
-            # holder) and only its last block may lack a hash (a held block is hashed iff it is registered, and
-            # ``num_cached_blocks`` counts those). The loop below would put that block at the head and append
-            # the others to the tail in reverse order: the same, without reading a block's state or hash (those
-            # reads, at scattered block ids, were most of release's time).
+        if nb > 8 and req.num_cached_blocks >= nb - 1 and (not self.n_shared
+                                                            or min(map(st.__getitem__, blocks)) == -2):
+            # The usual case: the request is each of its blocks' only holder (certainly so when no block
+            # anywhere has a second holder; else read from the states) and only its last block may lack a hash
+            # (a held block is hashed iff it is registered, and ``num_cached_blocks`` counts those). The loop
+            # below would put that block at the head and append the others to the tail in reverse order: the
+            # same, without reading a block's hash (nor, usually, its state: those reads, at scattered block
+            # ids, were most of release's time).
             rev = blocks[::-1]
             if req.num_cached_blocks < nb:
                 last = rev[0]
