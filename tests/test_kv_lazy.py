@@ -1,8 +1,9 @@
-"""The block pool's lazy registration (``kv._Lazy``) changes no result.
+"""The block pool's lazy registration (``twin.models.kv_lazy``) changes no result.
 
 Two engines are driven through the same random event sequence: one with the block pool as it is, one whose
 pool registers every block's hash eagerly at scheduling time (the plain reading of vLLM's ``cache_blocks``;
-``EagerBlockPool`` below). The workload is multi-turn: prompts start with one of a few system prompts, replay
+``EagerBlockPool`` below), its every request on the per-request path (no decode group, whose members'
+registration is deferred: ``BlockPool.pend``). The workload is multi-turn: prompts start with one of a few system prompts, replay
 earlier turns' messages and answers (the answers are other requests' output segments, so output blocks get
 hit), sometimes resume an answer (the output continues a prompt segment), sometimes carry real token ids,
 sometimes arrive twice at once (duplicate hashes); the pool is small enough to evict and preempt, and
@@ -50,16 +51,18 @@ class EagerBlockPool(BlockPool):
 
 def _engine(eager: bool, *, blocks: int, bs: int, group: bool, t_long: int) -> Engine:
     e = Engine(EngineConfig(num_gpu_blocks=blocks, block_size=bs, max_num_batched_tokens=256, max_num_seqs=32,
-                            max_model_len=2048, long_prefill_token_threshold=t_long))
+                            max_model_len=2048, long_prefill_token_threshold=t_long), track_groups=True)
     if eager:
         e.kv = EagerBlockPool(num_blocks=blocks, block_size=bs, enable_prefix_caching=True, max_model_len=2048)
-    e.use_group = group
+    e.use_group = group and not eager  # the reference registers every block when its step is scheduled
     return e
 
 
 def _request(spec: dict, bs: int) -> EngineRequest:
     seq = TokenSeq(spec["pieces"], block_size=bs, output_segment=spec["out_seg"], output_offset=spec["out_off"])
-    return EngineRequest(request_id=str(spec["rid"]), arrival_s=spec["t"], seq=seq, max_tokens=spec["out"])
+    r = EngineRequest(request_id=str(spec["rid"]), arrival_s=spec["t"], seq=seq, max_tokens=spec["out"])
+    r.group = f"g{spec['rid'] % 7}"  # a label's first gap stops the decode group's join (a path with its own exits)
+    return r
 
 
 def _spec(rng, rid: int, t: float, convs: list[list], bs: int) -> dict:

@@ -15,9 +15,9 @@ blocks, LRU by release time) is an ``array`` of block ids read from a moving fro
 (4 bytes an entry instead of an OrderedDict node's ~100: a fleet holds hundreds of pools of ~87k blocks).
 A block's ref count and tail position share one state word (``st``).
 
-Blocks whose content starts with a virtual segment are registered lazily (``_Lazy``): marked cached, but
-hashed and put into ``cached`` only before a lookup that could name them; the map then holds what eager
-registration would (docs/engine.md, "Speed by design"; tests/test_kv_lazy.py).
+Blocks whose content starts with a virtual segment are registered lazily (``twin.models.kv_lazy``): marked
+cached, but hashed and put into ``cached`` only before a lookup that could name them; the map then holds
+what eager registration would (docs/engine.md, "Speed by design"; tests/test_kv_lazy.py).
 
 Memory note: a pool whose blocks are all cached holds ``cached`` (hash -> block) and the hashes
 themselves for the blocks materialised; those dominate what is left (~11 MB for 87k blocks, all hashed).
@@ -29,15 +29,18 @@ from array import array
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
+from twin.models.kv_lazy import LazyIndex
+
 if TYPE_CHECKING:
+    from twin.models.kv_lazy import _Lazy
     from twin.models.request import EngineRequest
-    from twin.models.tokens import TokenSeq
 
 
-class BlockPool:
+class BlockPool(LazyIndex):
     __slots__ = (
         "num_blocks", "block_size", "caching", "bhash", "head", "fresh", "cached", "dups",
-        "max_model_len", "tail_ids", "tail_first", "tail_base", "st", "tail_len", "lazy", "n_lazy",
+        "max_model_len", "tail_ids", "tail_first", "tail_base", "st", "tail_len", "lazy", "n_lazy", "pend",
+        "n_shared",
     )
 
     def __init__(self, *, num_blocks: int, block_size: int, enable_prefix_caching: bool, max_model_len: int) -> None:
@@ -61,6 +64,7 @@ class BlockPool:
         # random block ids, so fewer arrays means fewer cache misses): st >= 0: free, in the tail at that
         # absolute position; -1: free elsewhere (head, never used); <= -2: held by -1 - st requests.
         self.st = array("q", [-1]) * num_blocks
+        self.n_shared = 0  # blocks with more than one holder (st <= -3): none lets release skip reading st
         self.tail_len = 0
         self.fresh = 1
         self.cached: dict[int, int] = {}  # hash -> earliest block holding it
@@ -68,6 +72,12 @@ class BlockPool:
         # Blocks registered without their hash (see _Lazy): key -> entries in registration order.
         self.lazy: dict[int, list[_Lazy]] = {}
         self.n_lazy = 0  # entries in ``lazy``
+        # Deferred registration (the engine's decode group): output segment -> the one request whose full blocks
+        # past ``num_cached_blocks`` count as registered without being written (up to ``computed_now // bs``).
+        # Written out (``_write_pending``) before any lookup or other request's registration under that segment,
+        # and by the engine when the request leaves the group, so every map holds what scheduling-time
+        # registration would hold whenever it is read.
+        self.pend: dict[int, EngineRequest] = {}
 
     # ---- gauges -------------------------------------------------------------------------------
     @property
@@ -130,12 +140,15 @@ class BlockPool:
             seq._head(max_blocks)  # the memoised chain of the leading pieces, if any
             if not hashes:
                 seq._extend_from(1)
-        lazy = self.lazy
+        lazy, pend = self.lazy, self.pend
         cached = self.cached
         hits: list[int] = []
-        for key, i0, i1 in (seq.key_runs(0, max_blocks) if lazy else ((None, 0, max_blocks),)):
-            if key is not None and key in lazy:
-                self._flush(key)
+        for key, i0, i1 in (seq.key_runs(0, max_blocks) if lazy or pend else ((None, 0, max_blocks),)):
+            if key is not None:
+                if key in pend:
+                    self._write_pending(pend[key])
+                if key in lazy:
+                    self._flush(key)
             for i in range(i0, i1):
                 if i >= len(hashes):
                     seq._extend(max_blocks)
@@ -144,32 +157,6 @@ class BlockPool:
                     return hits
                 hits.append(b)
         return hits
-
-    def _flush(self, key: int) -> None:
-        """Materialise the blocks registered under ``key`` that are still cached: their hashes into ``cached``
-        (or ``dups``) in registration order, as eager registration would have left them."""
-        entries = self.lazy.pop(key)
-        self.n_lazy -= len(entries)
-        bhash, cached, dups = self.bhash, self.cached, self.dups
-        for e in entries:
-            blocks, i1 = e.blocks, e.i1
-            hashes = e.seq.block_hashes(i1)
-            for i in range(e.i0, i1):
-                b = blocks[i]
-                if bhash[b] is e:
-                    h = hashes[i]
-                    bhash[b] = h
-                    if h in cached:
-                        dups.setdefault(h, []).append(b)
-                    else:
-                        cached[h] = b
-
-    def materialise(self) -> dict[int, int]:
-        """Every lazily registered block's hash into ``cached`` (for tests and inspection); returns ``cached``.
-        Changes no behaviour: materialising early is what eager registration does."""
-        for key in list(self.lazy):
-            self._flush(key)
-        return self.cached
 
     # ---- allocation ---------------------------------------------------------------------------
     def _pop_free(self, n: int, out: list[int]) -> None:
@@ -294,6 +281,8 @@ class BlockPool:
                 st[b] = -2
             else:
                 st[b] = x - 1  # one more holder
+                if x == -2:
+                    self.n_shared += 1
         req.blocks.extend(hits)
         if taken:
             self.tail_len -= taken
@@ -320,6 +309,15 @@ class BlockPool:
     def allocate_decode(self, req: EngineRequest, computed_after: int) -> bool:
         """``allocate`` for a decoding request whose KV will cover ``computed_after`` tokens, all of them
         known (``computed_after`` equals the sequence length the scheduled steps have produced)."""
+        if not self.grow_decode(req, computed_after):
+            return False
+        if self.caching and computed_after // self.block_size > req.num_cached_blocks:
+            self._cache_upto(req, computed_after // self.block_size)
+        return True
+
+    def grow_decode(self, req: EngineRequest, computed_after: int) -> bool:
+        """The block half of ``allocate_decode``: ``req``'s blocks grown to cover ``computed_after`` tokens, no
+        registration (a decode-group member's is deferred, see ``pend``)."""
         bs = self.block_size
         mml = self.max_model_len
         new = -(-(computed_after if computed_after < mml else mml) // bs) - len(req.blocks)
@@ -350,8 +348,6 @@ class BlockPool:
             if new > self.num_free:
                 return False
             self._pop_free(new, req.blocks)
-        if self.caching and computed_after // bs > req.num_cached_blocks:
-            self._cache_upto(req, computed_after // bs)
         return True
 
     def blocks_needed(self, req: EngineRequest, n: int) -> int:
@@ -381,37 +377,6 @@ class BlockPool:
                 else:
                     self._register_lazy(req, key, i0, i1)
         req.num_cached_blocks = full
-
-    def _register_lazy(self, req: EngineRequest, key: int, i0: int, i1: int) -> None:
-        """Blocks ``i0 .. i1 - 1`` of ``req`` become cached under ``key`` without their hashes: ``bhash[b]`` is
-        the entry (continuing the request's last entry when it is the newest under ``key``)."""
-        lst = self.lazy.get(key)
-        e = req.kv_entry
-        if lst is not None and lst[-1] is e and e.i1 == i0 and e.blocks is req.blocks:
-            e.i1 = i1
-            e.live += i1 - i0
-        else:
-            e = req.kv_entry = _Lazy(key, req.seq, req.blocks, i0, i1)
-            if lst is None:
-                self.lazy[key] = [e]
-            else:
-                lst.append(e)
-            self.n_lazy += 1
-        bhash = self.bhash
-        if i1 - i0 == 1:
-            bhash[req.blocks[i0]] = e
-        else:
-            for b in req.blocks[i0:i1]:
-                bhash[b] = e
-
-    def _drop(self, e: _Lazy) -> None:
-        """Forget an entry none of whose blocks is cached any more (it would materialise nothing)."""
-        lst = self.lazy[e.key]
-        if len(lst) == 1:
-            del self.lazy[e.key]
-        else:
-            lst.remove(e)  # (identity: _Lazy has no __eq__)
-        self.n_lazy -= 1
 
     def _register(self, req: EngineRequest, start: int, full: int) -> None:
         """Eager registration of blocks ``start .. full - 1`` (their hashes into ``cached``, later copies of a
@@ -446,28 +411,31 @@ class BlockPool:
         ids = self.tail_ids
         pos = start = self.tail_base + len(ids)
         blocks = req.blocks
-        if len(blocks) > 8 and min(map(st.__getitem__, blocks)) == -2:
-            # The usual case: the request is each block's only holder (state -2 = ref 1) and only its last block
-            # may lack a hash. The loop below would put that block at the head and append the others to the
-            # tail in reverse order: the same, with C-level gathers and no per-block branch.
+        nb = len(blocks)
+        if nb > 8 and req.num_cached_blocks >= nb - 1 and (not self.n_shared
+                                                            or min(map(st.__getitem__, blocks)) == -2):
+            # The usual case: the request is each of its blocks' only holder (certainly so when no block
+            # anywhere has a second holder; else read from the states) and only its last block may lack a hash
+            # (a held block is hashed iff it is registered, and ``num_cached_blocks`` counts those). The loop
+            # below would put that block at the head and append the others to the tail in reverse order: the
+            # same, without reading a block's hash (nor, usually, its state: those reads, at scattered block
+            # ids, were most of release's time).
             rev = blocks[::-1]
-            last = rev[0]
-            if bhash[last] is None:
+            if req.num_cached_blocks < nb:
+                last = rev[0]
                 rev = rev[1:]
-            if list(map(bhash.__getitem__, rev)).count(None) == 0:
-                if bhash[last] is None:
-                    st[last] = -1
-                    head[last] = None
-                    head.move_to_end(last, last=False)
-                ids.extend(rev)
-                for b in rev:
-                    st[b] = pos
-                    pos += 1
-                self.tail_len += pos - start
-                req.blocks = []
-                req.num_cached_blocks = 0
-                req.kv_entry = None  # (a released request's next registration starts a new entry anyway)
-                return
+                st[last] = -1
+                head[last] = None
+                head.move_to_end(last, last=False)
+            ids.extend(rev)
+            for b in rev:
+                st[b] = pos
+                pos += 1
+            self.tail_len += pos - start
+            req.blocks = []
+            req.num_cached_blocks = 0
+            req.kv_entry = None  # (a released request's next registration starts a new entry anyway)
+            return
         for b in reversed(blocks):
             x = st[b]
             if x == -2:  # its last holder
@@ -481,6 +449,8 @@ class BlockPool:
                     pos += 1
             else:
                 st[b] = x + 1
+                if x == -3:
+                    self.n_shared -= 1
         self.tail_len += pos - start
         req.blocks = []
         req.num_cached_blocks = 0
@@ -503,6 +473,8 @@ class BlockPool:
         for h, b in self.cached.items():
             assert self.bhash[b] == h
         assert 0 not in free
+        for key, r in self.pend.items():
+            assert r.seq._out_seg == key and r._grp is not None, f"deferred registration of a non-member under {key}"
         entries = [e for lst in self.lazy.values() for e in lst]
         assert len(entries) == self.n_lazy
         for b in range(1, self.num_blocks):
@@ -512,24 +484,3 @@ class BlockPool:
                 assert b in e.blocks[e.i0:e.i1], f"block {b}: outside its lazy entry"
         for e in entries:
             assert e.live == sum(1 for b in e.blocks[e.i0:e.i1] if self.bhash[b] is e) > 0, "lazy entry's live count"
-
-
-class _Lazy:
-    """Blocks ``blocks[i0:i1]`` of a request, cached (``bhash[b] is`` this entry) but not yet in ``cached``.
-
-    Most cached blocks are evicted without any lookup ever naming them, so their hashes are computed only
-    when a lookup could (``BlockPool._flush``): a lookup of a block whose content starts with segment ``k``
-    first materialises every entry under ``k``, and equal hashes mean equal content, hence equal keys. The
-    dictionary then holds what eager registration would hold, in the same order (``dups``, earliest first).
-    ``blocks`` is the request's block list at registration (a released request gets a new list).
-    """
-
-    __slots__ = ("key", "seq", "blocks", "i0", "i1", "live")
-
-    def __init__(self, key: int, seq: TokenSeq, blocks: list[int], i0: int, i1: int) -> None:
-        self.key = key
-        self.seq = seq
-        self.blocks = blocks
-        self.i0 = i0
-        self.i1 = i1
-        self.live = i1 - i0  # blocks whose ``bhash`` is this entry; dropped from the index at 0
