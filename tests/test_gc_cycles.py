@@ -32,6 +32,7 @@ def _garbage_of(scenario) -> collections.Counter:
     try:
         world = FleetWorld(scenario, seed=scenario.seed, replication=0)
         world.run(scenario.horizon_s)
+        gc.unfreeze()  # FleetWorld.run freezes the finished world out of the collector's reach
         gc.collect()
         counts = collections.Counter(type(o).__qualname__ for o in gc.garbage)
     finally:

@@ -232,6 +232,12 @@ class FleetWorld:
             else:
                 self.env.run(until=simpy.AnyOf(self.env, [self.done, self.env.timeout(horizon_s)]))
         finally:
+            # Up to a million young objects are alive now, nearly all of them the finished world, and the
+            # first allocation after the thresholds drop would walk every one of them to free nothing (~0.8
+            # CPU-s at scale 0.08 for 120 s). Freeze them out of the collector's reach instead; the next
+            # run_scenario in this process unfreezes them (twin.runner), so a sweep or the dashboard still
+            # gets a dropped world's cycles collected.
+            gc.freeze()
             gc.set_threshold(*thresholds)
 
     # ---- regions and DNS ----------------------------------------------------------------------------
