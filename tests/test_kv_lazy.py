@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from enginekit import finish_side_by_side
 from twin.models.engine import Engine, EngineConfig
 from twin.models.kv import BlockPool
 from twin.models.request import EngineRequest
@@ -146,16 +147,7 @@ def test_lazy_registration_matches_eager(seed: int) -> None:
         assert [r.request_id for r in a.preempted] == [r.request_id for r in b.preempted]
         hits += sum(r.num_cached_tokens or 0 for r in a.admitted)
         assert _state(engines[0]) == _state(engines[1])
-        if a.uniform_decode and rng.random() < 0.6:
-            ks = [e.max_decode_run(s, 30) for e, s in zip(engines, steps)]
-            assert ks[0] == ks[1]
-            m = int(rng.integers(1, ks[0] + 1))
-            ends = list(t + np.cumsum(rng.uniform(0.01, 0.03, size=m)))
-            done = [e.complete_decode_run(s, m, ends) for e, s in zip(engines, steps)]
-            t = ends[-1]
-        else:
-            t += float(rng.uniform(0.01, 0.05))
-            done = [e.complete(s, t) for e, s in zip(engines, steps)]
+        done, t = finish_side_by_side(engines, steps, t, rng, run_share=0.6, max_run=30)
         assert [r.request_id for r in done[0]] == [r.request_id for r in done[1]]
         assert _state(engines[0]) == _state(engines[1])
         if rng.random() < 0.02:
