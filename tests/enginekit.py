@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from twin.models.engine import Engine, EngineConfig
 from twin.models.request import EngineRequest
 from twin.models.tokens import TokenSeq, pieces_from_ids
@@ -36,3 +38,17 @@ def run_steps(engine: Engine, n: int, t0: float = 0.0, dt: float = 1.0) -> list:
         engine.complete(s, t)
         steps.append(s)
     return steps
+
+
+def finish_side_by_side(engines, steps, t: float, rng, *, run_share: float, max_run: int):
+    """Finish the step each of two engines scheduled, the same way in both: with probability ``run_share``
+    (when the step is a uniform decode) a decode run of a random length up to ``max_run``, whose length both
+    must allow, else one step. Returns (finished requests per engine, the new time)."""
+    if steps[0].uniform_decode and rng.random() < run_share:
+        ks = [e.max_decode_run(s, max_run) for e, s in zip(engines, steps)]
+        assert ks[0] == ks[1]
+        m = int(rng.integers(1, ks[0] + 1))
+        ends = list(t + np.cumsum(rng.uniform(0.01, 0.03, size=m)))
+        return [e.complete_decode_run(s, m, ends) for e, s in zip(engines, steps)], ends[-1]
+    t += float(rng.uniform(0.01, 0.05))
+    return [e.complete(s, t) for e, s in zip(engines, steps)], t

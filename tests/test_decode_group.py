@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from enginekit import finish_side_by_side
 from twin.models.engine import Engine, EngineConfig
 from twin.models.request import EngineRequest, Status
 from twin.models.tokens import TokenSeq
@@ -89,16 +90,7 @@ def test_group_matches_per_request_path(seed: int) -> None:
             victim = a.reqs[int(rng.integers(0, len(a.reqs)))].request_id
             for e, rs in zip(engines, reqs):
                 e.abort(rs[int(victim)], t)
-        if a.uniform_decode and rng.random() < 0.7:
-            ks = [e.max_decode_run(s, 40) for e, s in zip(engines, steps)]
-            assert ks[0] == ks[1]
-            m = int(rng.integers(1, ks[0] + 1))
-            ends = list(t + np.cumsum(rng.uniform(0.01, 0.03, size=m)))
-            done = [e.complete_decode_run(s, m, ends) for e, s in zip(engines, steps)]
-            t = ends[-1]
-        else:
-            t += float(rng.uniform(0.01, 0.05))
-            done = [e.complete(s, t) for e, s in zip(engines, steps)]
+        done, t = finish_side_by_side(engines, steps, t, rng, run_share=0.7, max_run=40)
         assert [r.request_id for r in done[0]] == [r.request_id for r in done[1]]
         assert [r.request_id for r in a.first_tokens] == [r.request_id for r in b.first_tokens]
         assert _state(engines[0]) == _state(engines[1])

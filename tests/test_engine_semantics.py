@@ -35,7 +35,7 @@ def test_kv_usage_unchanged_by_warm_idle_cache():
     run_steps(e, 5)
     assert not e.running
     assert e.kv.usage() == 0.0  # the cached blocks are free (evictable)
-    assert len(e.kv.cached) == 10
+    assert len(e.kv.materialise()) == 10
 
 
 def test_preemption_victim_is_last_admitted_and_no_admission_that_step():

@@ -117,3 +117,26 @@ def test_slow_network_adds_latency_to_every_attempt_in_the_region():
 
     assert ttft_by_region(b, "eu-west") > ttft_by_region(a, "eu-west") + 0.45
     assert abs(ttft_by_region(b, "ap-south") - ttft_by_region(a, "ap-south")) < 0.2
+
+
+def test_a_crashed_replica_is_forgotten_by_the_prefix_index(monkeypatch):
+    """The llm-d scorer's index forgets a replica it sees down (its cache is gone), though the host hands
+    the policy only replicas that could be chosen: the host shows it each replica that went down once."""
+    from twin.policies.cache_aware import ApproxPrefixIndex
+
+    forgotten = []
+    real = ApproxPrefixIndex.forget
+
+    def forget(self, replica_id):
+        forgotten.append((replica_id, self.size(replica_id)))
+        real(self, replica_id)
+
+    monkeypatch.setattr(ApproxPrefixIndex, "forget", forget)
+    sc = load_scenario("scenarios/replica-crash.yaml", overrides=["fleet.traffic.duration_s=50"])
+    res = run_scenario(sc)
+    assert res.ok, res.manifest["exception"]
+    ev = _ev(res)
+    crashed = {s for k, s in zip(ev["kind"], ev["scope"]) if k == "replica.crashed"}
+    assert crashed
+    assert {r for r, _ in forgotten} == crashed
+    assert all(n > 0 for _, n in forgotten), "it had recorded blocks for the crashed replica"

@@ -13,13 +13,14 @@ import html
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from twin.results import write_text_atomic
 
 
 class ReportError(Exception):
@@ -331,19 +332,6 @@ def render_html(run: RunData, baseline: RunData | None = None, *, title: str | N
     return "\n".join(parts) + "\n"
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; a report is for reading
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_report(source: Any, out_path: str | os.PathLike, *, title: str | None = None, baseline: Any = None,
                  label: str | None = None, baseline_label: str | None = None) -> tuple[Path, Path]:
     """Write ``out_path`` (HTML) and the Markdown tables beside it (same name, ``.md``), each atomically;
@@ -361,6 +349,6 @@ def write_report(source: Any, out_path: str | os.PathLike, *, title: str | None 
     if out.suffix == ".md":
         out = out.with_suffix(".html")
     html_text = render_html(run, base, title=title)  # before writing anything: a missing plotly writes nothing
-    _atomic_write(md_path, render_markdown(run, base, title=title))
-    _atomic_write(out, html_text)
+    write_text_atomic(md_path, render_markdown(run, base, title=title))
+    write_text_atomic(out, html_text)
     return out, md_path

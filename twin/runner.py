@@ -179,6 +179,8 @@ def run_scenario(scenario: Scenario, *, seed: int | None = None, replication: in
     """Run one scenario (a single replica or a fleet) and tabulate it. Failures land in the manifest."""
     seed = scenario.seed if seed is None else seed
     result = RunResult(scenario=scenario, seed=seed, replication=replication)
+    if gc.get_freeze_count():  # a finished fleet world from an earlier run (FleetWorld.run): collectable again
+        gc.unfreeze()
     t0 = time.perf_counter()
     try:
         if scenario.fleet is not None:

@@ -74,7 +74,7 @@ def _cross_validate(args: argparse.Namespace, options: object) -> int:
     from twin.calibration.calibrate import CalibrationError
     from twin.calibration.crossval import cross_validate, format_cv_table
     from twin.calibration.recorded import RecordedRunError
-    from twin.results import dumps
+    from twin.results import dumps, write_text_atomic
 
     try:
         report = cross_validate(args.run_dirs, options=options, noise=args.noise,  # type: ignore[arg-type]
@@ -84,8 +84,7 @@ def _cross_validate(args: argparse.Namespace, options: object) -> int:
         return 2
     print(format_cv_table(report))
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(dumps(report))
+        write_text_atomic(args.json, dumps(report))
         print(f"wrote {args.json}")
     return 0
 

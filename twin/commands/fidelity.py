@@ -26,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
     from twin.calibration.fidelity import fidelity, format_table
     from twin.calibration.recorded import RecordedRunError
     from twin.engine_profiles import UnknownProfileError
-    from twin.results import dumps
+    from twin.results import dumps, write_text_atomic
 
     if not 0 < args.tolerance < 10:
         print("twin fidelity: --tolerance must be a positive fraction", file=sys.stderr)
@@ -38,7 +38,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(format_table(report))
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(dumps(report))
+        write_text_atomic(args.json, dumps(report))
         print(f"wrote {args.json}")
     return 0

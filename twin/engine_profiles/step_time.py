@@ -80,6 +80,17 @@ class LinearStepTimeModel:
         context = (decode_context_tokens + n * np.arange(num_steps, dtype=np.int64)).astype(np.float64)
         return (self._d0 + self._d_req * n) + self._d_ctx * context
 
+    def decode_run_list(self, decode_requests: int, decode_context_tokens: int, num_steps: int) -> list[float]:
+        """``decode_run_s`` as a list, the same floats (each step's context as a float, then the same multiply
+        and add): the replica's decode runs are mostly a few steps long, where numpy's per-call overhead is
+        most of the cost."""
+        if num_steps > 32:
+            return self.decode_run_s(decode_requests, decode_context_tokens, num_steps).tolist()
+        n = decode_requests
+        a, c = self._d0 + self._d_req * n, self._d_ctx
+        return [a + c * float(x) for x in range(decode_context_tokens, decode_context_tokens + n * num_steps, n)] \
+            if n else [a + c * float(decode_context_tokens)] * num_steps
+
     def __repr__(self) -> str:
         return (
             f"LinearStepTimeModel(decode={self._d0:.4g}+{self._d_req:.3g}*n+{self._d_ctx:.3g}*ctx, "

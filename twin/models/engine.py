@@ -26,6 +26,7 @@ from array import array
 from dataclasses import dataclass
 
 from twin.engine_profiles.step import StepShape, prefill_attention_work
+from twin.models.engine_group import GroupPath
 from twin.models.engine_parts import DecodeGroup, GroupColumn, Step, WaitingQueue
 from twin.models.kv import BlockPool
 from twin.models.request import EngineRequest, Status
@@ -55,8 +56,10 @@ class EngineConfig:
             raise ValueError("with chunked prefill off, max_num_batched_tokens must be >= max_model_len (as vLLM requires)")
 
 
-class Engine:
-    """vLLM V1 scheduling + KV cache for one replica. Times are passed in; the engine has no clock."""
+class Engine(GroupPath):
+    """vLLM V1 scheduling + KV cache for one replica. Times are passed in; the engine has no clock.
+
+    The decode group's path (``_g_*``) is in ``twin.models.engine_group``."""
 
     def __init__(self, config: EngineConfig, *, track_groups: bool = False) -> None:
         self.cfg = config
@@ -298,112 +301,6 @@ class Engine:
         self.waiting.push(victim, front=True)
         step.preempted.append(victim)
 
-    # ---- the decode group (DecodeGroup in engine_parts) ---------------------------------------------
-    def _g_schedule(self, step: Step, budget: int) -> int:
-        """Phase A for the group's members (``running[:n]``, each decoding one token): their touches due at
-        this step, then every member into ``step`` at once. Returns the members scheduled, or 0 after
-        dissolving the group when the fast path cannot be exact (budget, or a block it may not get)."""
-        grp, kv = self.grp, self.kv
-        n = grp.n
-        s = grp.steps + 1
-        due = grp.pop_due(grp.sheap, s) if grp.sheap and grp.sheap[0][0] <= s else []
-        bs = grp.bs
-        if n > budget or sum(1 for r in due if (r.num_computed + grp.steps - r.g_base) % bs == 0) > kv.num_free:
-            self._g_dissolve()
-            return 0
-        caching = kv.caching
-        for r in due:  # in running order, as Phase A would reach them
-            c = r.num_computed + grp.steps - r.g_base
-            c1 = c + 1
-            q = c % bs
-            if q == 0 or len(r.blocks) * bs < c1:
-                ok = kv.allocate_decode(r, c1)
-                assert ok, "counted against num_free above"
-            elif q == bs - 1 and caching and c1 // bs > r.num_cached_blocks:
-                kv._cache_upto(r, c1 // bs)
-            grp.push_sched(r, grp.next_sched(s + 1, c1))
-        step.reqs = self.running[:n]
-        step.ns = [1] * n
-        step.g_n = n
-        step.g_epoch = grp.epoch
-        grp.csum += n
-        grp.infl = 1
-        return n
-
-    def _g_join(self, end_s: float) -> None:
-        """After a completion: running requests right after the members that decode steadily join."""
-        grp, running = self.grp, self.running
-        grp.last_s = end_s
-        if not self.use_group:
-            return
-        n = grp.n
-        itl_g = self.itl_groups
-        mml, S = self.cfg.max_model_len, grp.steps
-        while n < len(running):
-            r = running[n]
-            o = r._nout
-            w = r.watch_output
-            c = r.num_computed
-            if (r.status != Status.RUNNING or o <= 0 or c != r.seq.num_tokens - 1 or r.last_token_s != end_s
-                    or r.token_times is not None or (w is not None and w <= o) or c >= mml - 1):
-                break
-            if itl_g is not None:
-                code = itl_g._index.get(r.group)
-                if code is None:  # a label not recorded yet: let the per-request path record it first
-                    break
-                if itl_g.codes.typecode != grp.codes.typecode:
-                    grp.codes = array(itl_g.codes.typecode, grp.codes)
-                grp.codes.append(code)
-            grp.ver += 1
-            r.g_ver = grp.ver
-            r.g_base = S
-            r._grp = grp
-            grp.csum += c
-            grp.hist[(c - S) % grp.bs] += 1
-            grp.push_sched(r, grp.next_sched(S + 1, c))
-            grp.push_complete(r)
-            n += 1
-        grp.n = n
-
-    def _g_leave(self, r: EngineRequest) -> None:
-        """``r`` leaves the group with its true values written (the caller takes it out of ``running``)."""
-        grp = self.grp
-        idx = self.running.index(r)
-        assert idx < grp.n
-        grp.hist[(r.num_computed - r.g_base) % grp.bs] -= 1
-        grp.materialise(r)
-        grp.csum -= r.num_computed
-        if self.itl_groups is not None:
-            del grp.codes[idx]
-        grp.n -= 1
-        r.g_ver = None
-        r._grp = None
-
-    def _g_dissolve(self) -> None:
-        """Every member back to plain per-request state (true values written; in-flight token included)."""
-        grp = self.grp
-        for r in self.running[:grp.n]:
-            grp.materialise(r)
-            r.g_ver = None
-            r._grp = None
-        grp.n = grp.csum = grp.infl = 0
-        grp.hist = [0] * grp.bs
-        grp.sheap.clear()
-        grp.cheap.clear()
-        del grp.codes[:]
-        grp.epoch += 1
-
-    def _g_emit(self, step: Step, first_s: float) -> int:
-        """The members' inter-token gaps for a completing group step (all equal: every member's last token
-        came at the end of the previous step), in running order. Returns the member count."""
-        grp = self.grp
-        n = step.g_n
-        self.itl_values.extend(array("d", [first_s - grp.last_s]) * n)
-        self.itl_weights.extend(array("I", [1]) * n)
-        if self.itl_groups is not None:
-            self.itl_groups.codes.extend(grp.codes)
-        return n
-
     # ---- step outputs --------------------------------------------------------------------------
     def complete(self, step: Step, end_s: float) -> list[EngineRequest]:
         """Apply one step's outputs at ``end_s``; returns the requests that finished."""
@@ -559,6 +456,8 @@ class Engine:
             return 1
         bs = self.kv.block_size
         free = self.kv.num_free
+        if len(self.running) * ((k + bs - 2) // bs) <= free:
+            return k  # no request allocates more than ceil((k - 1) / bs) blocks in steps 2..k: all fit
         cs = [r.num_computed for r in others]  # after step 1's scheduling
         # members by (c - 1) mod bs, c their num_computed after step 1's scheduling (see DecodeGroup.hist)
         phases = [((key + grp.steps) % bs, h) for key, h in enumerate(grp.hist) if h] if g_n else []
@@ -647,54 +546,3 @@ class Engine:
             self._g_dissolve()
         self._g_join(last_s)
         return finished
-
-    def _g_run(self, step: Step, m: int, ends_s: list[float], finished: list[EngineRequest],
-               counts: dict[str | None, int]) -> bool:
-        """``complete_decode_run`` for the members (they come first in running order): the blocks of steps
-        2..m of those with a block due in them, the first gaps in bulk, the members finishing or reaching a
-        watched count at step m. Fills ``finished`` and ``counts``; True if the group must be dissolved."""
-        grp, kv = self.grp, self.kv
-        S = grp.steps
-        sm = S + m
-        bs, mml, caching = grp.bs, grp.mml, kv.caching
-        due = grp.pop_due(grp.sheap, sm) if grp.sheap and grp.sheap[0][0] <= sm else []
-        if len(due) > 1:
-            due.sort(key=lambda r: r.adm)  # one call per request, in running order, as the loop does
-        for r in due:
-            ca = r.num_computed + S - r.g_base + m  # computed after steps 1..m are scheduled
-            if -(-(ca if ca < mml else mml) // bs) > len(r.blocks) or (caching and ca // bs > r.num_cached_blocks):
-                ok = kv.allocate_decode(r, ca)
-                assert ok, "max_decode_run guaranteed the blocks"
-            grp.push_sched(r, grp.next_sched(sm + 1, ca))
-        self._g_emit(step, ends_s[0])
-        itl_g = self.itl_groups
-        if itl_g is not None:
-            codes, labels = grp.codes, itl_g.labels
-            for c in dict.fromkeys(codes):  # labels in first-seen order, as the per-request loop counts them
-                counts[labels[c]] = codes.count(c)
-        last_s = ends_s[m - 1]
-        broken = False
-        for r in (grp.pop_due(grp.cheap, sm) if grp.cheap and grp.cheap[0][0] <= sm else ()):  # (the run ends at the first)
-            r._grp = None
-            grp.materialise(r)
-            r.num_computed += m - 1
-            seq = r.seq
-            seq._out_len += m
-            seq.num_tokens += m
-            n_out = r._nout = r._nout + m
-            r.last_token_s = last_s
-            r.g_base = sm
-            w = r.watch_output
-            if r.on_tokens is not None and w is not None and n_out >= w:
-                r.on_tokens(r, m, last_s)
-            r._grp = grp
-            if n_out >= r.target_output_tokens or seq.num_tokens >= mml:
-                finished.append(r)
-            elif r.watch_output is not None and r.watch_output <= n_out:
-                broken = True
-            else:
-                grp.push_complete(r)
-        grp.csum += (m - 1) * step.g_n  # the tokens of steps 2..m
-        grp.steps = sm
-        grp.infl = 0
-        return broken

@@ -126,13 +126,16 @@ class DecodeGroup:
     ``seq._out_len`` and ``last_token_s`` are stored as of group step ``r.g_base`` (after that step's
     completion); the true values add ``steps - r.g_base`` (and the in-flight token to ``num_computed``).
     So a decode step touches a member only at its *touches*: schedule-time ones (a block to allocate or to
-    hash) and complete-time ones (it finishes, or reaches a watched output count), kept in two heaps keyed
-    by the group step at which they fall, then admission order (= running order). ``EngineRequest.num_output``
+    hash), kept in buckets per group step (every touch falls on a later step than the last one taken,
+    ``scur``), and complete-time ones (it finishes, or reaches a watched output count), kept in a heap keyed
+    by group step; both are taken in admission order (= running order) within a step. A member whose
+    registration is deferred (``kv.pend``) is touched only to get a block, one every ``bs`` steps: its
+    touches are in ``per``, whose buckets move on by ``bs`` steps whole (no per-member push). ``EngineRequest.num_output``
     reads through the offsets, so a member's count is right whenever it is read.
     """
 
-    __slots__ = ("bs", "mml", "steps", "last_s", "n", "csum", "codes", "hist", "sheap", "cheap", "ver", "infl",
-                 "epoch")
+    __slots__ = ("bs", "mml", "steps", "last_s", "n", "csum", "codes", "hist", "sched", "per", "scur", "cheap",
+                 "ver", "infl", "epoch")
 
     def __init__(self, block_size: int, max_model_len: int) -> None:
         self.bs = block_size
@@ -143,7 +146,11 @@ class DecodeGroup:
         self.csum = 0  # sum of the members' true num_computed (in-flight token included)
         self.codes = array("H")  # members' inter-token-gap group codes, parallel to running[:n] (with groups)
         self.hist = [0] * block_size  # members by (stored num_computed - g_base) mod block size
-        self.sheap: list[tuple[int, int, int, EngineRequest]] = []  # (step, adm, ver, r) schedule-time touches
+        # schedule-time touches: step -> [(adm, ver, r)] (buckets, not a heap: a touch recurs every block, so
+        # the heap's ordered pushes and pops were most of a touch's cost); steps <= scur are taken
+        self.sched: dict[int, list[tuple[int, int, EngineRequest]]] = {}
+        self.per: dict[int, list[tuple[int, int, EngineRequest]]] = {}  # the same for deferred members' blocks
+        self.scur = 0
         self.cheap: list[tuple[int, int, int, EngineRequest]] = []  # (step, adm, ver, r) complete-time touches
         self.ver = 0  # join counter: a heap entry is live iff its ver is its request's g_ver
         self.infl = 0  # 1 while a scheduled step that includes the members has not completed
@@ -156,7 +163,62 @@ class DecodeGroup:
         return s + min((-c) % bs, (bs - 1 - c) % bs)
 
     def push_sched(self, r: EngineRequest, s: int) -> None:
-        heapq.heappush(self.sheap, (s, r.adm, r.g_ver, r))
+        lst = self.sched.get(s)
+        if lst is None:
+            self.sched[s] = [(r.adm, r.g_ver, r)]
+        else:
+            lst.append((r.adm, r.g_ver, r))
+
+    def push_per(self, r: EngineRequest, s: int) -> None:
+        lst = self.per.get(s)
+        if lst is None:
+            self.per[s] = [(r.adm, r.g_ver, r)]
+        else:
+            lst.append((r.adm, r.g_ver, r))
+
+    def take_per(self, s0: int, s1: int, move: bool) -> list[EngineRequest]:
+        """Live block touches of deferred members at group steps ``s0 .. s1``, in admission order. With
+        ``move`` each step's bucket goes on to its next block step, ``bs`` later (callers pass ``move`` only
+        when that is after ``s1``: each member then gets exactly one block in ``s0 .. s1``)."""
+        per, bs = self.per, self.bs
+        out: list[tuple[int, int, EngineRequest]] = []
+        for t in range(s0, s1 + 1):
+            lst = per.pop(t, None)
+            if lst is None:
+                continue
+            lst = [e for e in lst if e[2].g_ver == e[1]]  # members that left drop out here
+            if not lst:
+                continue
+            out += lst
+            if move:
+                nxt = per.get(t + bs)
+                if nxt is None:
+                    per[t + bs] = lst
+                else:
+                    nxt += lst
+        if len(out) > 1:
+            out.sort()  # (adm, ver): adm first; equal adm (a member that left and rejoined) differs in ver
+        return [e[2] for e in out]
+
+    def take_sched(self, s: int) -> list[EngineRequest]:
+        """Live schedule-time touches of group steps ``scur + 1 .. s``, in admission order (= running order;
+        the callers apply one step's, or one decode run's, touches per request in that order)."""
+        sched = self.sched
+        if s == self.scur + 1:
+            due = sched.pop(s, None)
+            if due is None:
+                self.scur = s
+                return []
+        else:
+            due = []
+            for t in range(self.scur + 1, s + 1):
+                lst = sched.pop(t, None)
+                if lst is not None:
+                    due += lst
+        self.scur = s
+        if len(due) > 1:
+            due.sort()  # (adm, ver): adm first; equal adm (a member that left and rejoined) differs in ver
+        return [r for _, ver, r in due if r.g_ver == ver]
 
     def push_complete(self, r: EngineRequest) -> None:
         """The step at which a member (stored as of ``steps``) finishes or reaches its watched count."""

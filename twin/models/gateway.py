@@ -6,12 +6,11 @@ import simpy
 
 from twin.fleet_config import GatewayConfig
 from twin.models.recorder import Recorder
+from twin.policies.admission import AdmissionRequest, build_admission
 
 
 class Gateway:
     def __init__(self, env: simpy.Environment, *, cfg: GatewayConfig, seed: int, recorder: Recorder) -> None:
-        from twin.policies.admission import build_admission
-
         self.env = env
         self.cfg = cfg
         self.policy = build_admission(cfg.admission, seed=seed)
@@ -20,8 +19,6 @@ class Gateway:
     def admit(self, *, request_id: str, user_id: str, tenant: str, tier: str, prompt_tokens: int,
               expected_output_tokens: int, attempt: int):
         """Generator: authenticate, then ask the admission policy. Returns its decision."""
-        from twin.policies.admission import AdmissionRequest
-
         if self.cfg.auth_latency_s:
             yield self.env.timeout(self.cfg.auth_latency_s)
         return self.policy.admit(AdmissionRequest(

@@ -13,9 +13,14 @@
 Hot-path code: plain lists and typed arrays, no per-block objects. The tail of the free queue (cached
 blocks, LRU by release time) is an ``array`` of block ids read from a moving front with lazy deletion
 (4 bytes an entry instead of an OrderedDict node's ~100: a fleet holds hundreds of pools of ~87k blocks).
+A block's ref count and tail position share one state word (``st``).
+
+Blocks whose content starts with a virtual segment are registered lazily (``twin.models.kv_lazy``): marked
+cached, but hashed and put into ``cached`` only before a lookup that could name them; the map then holds
+what eager registration would (docs/engine.md, "Speed by design"; tests/test_kv_lazy.py).
 
 Memory note: a pool whose blocks are all cached holds ``cached`` (hash -> block) and the hashes
-themselves; those dominate what is left (~11 MB for 87k blocks).
+themselves for the blocks materialised; those dominate what is left (~11 MB for 87k blocks, all hashed).
 """
 
 from __future__ import annotations
@@ -24,14 +29,18 @@ from array import array
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
+from twin.models.kv_lazy import LazyIndex
+
 if TYPE_CHECKING:
+    from twin.models.kv_lazy import _Lazy
     from twin.models.request import EngineRequest
 
 
-class BlockPool:
+class BlockPool(LazyIndex):
     __slots__ = (
-        "num_blocks", "block_size", "caching", "ref", "bhash", "head", "fresh", "cached", "dups",
-        "max_model_len", "tail_ids", "tail_first", "tail_base", "tail_at", "tail_len",
+        "num_blocks", "block_size", "caching", "bhash", "head", "fresh", "cached", "dups",
+        "max_model_len", "tail_ids", "tail_first", "tail_base", "st", "tail_len", "lazy", "n_lazy", "pend",
+        "n_shared",
     )
 
     def __init__(self, *, num_blocks: int, block_size: int, enable_prefix_caching: bool, max_model_len: int) -> None:
@@ -41,22 +50,34 @@ class BlockPool:
         self.block_size = block_size
         self.caching = enable_prefix_caching
         self.max_model_len = max_model_len
-        self.ref = [0] * num_blocks
         self.bhash: list[int | None] = [None] * num_blocks
         # The free queue is head + [fresh, num_blocks) + tail: blocks never used yet sit in the middle in id
         # order (vLLM's initial order) without being materialised; freed unhashed blocks go to the head,
         # freed hashed blocks to the tail.
         self.head: OrderedDict[int, None] = OrderedDict()
-        # The tail: tail_ids[tail_first:] in order, an entry valid iff tail_at[block] is its absolute position
-        # (tail_base + index); a block taken out of the middle (a prefix hit) just gets tail_at = -1.
+        # The tail: tail_ids[tail_first:] in order, an entry valid iff st[block] is its absolute position
+        # (tail_base + index); a block taken out of the middle (a prefix hit) just gets st = -1.
         self.tail_ids = array("i")
         self.tail_first = 0
         self.tail_base = 0
-        self.tail_at = array("q", [-1]) * num_blocks
+        # One state word per block, for ref count and tail position together (the block arrays are read at
+        # random block ids, so fewer arrays means fewer cache misses): st >= 0: free, in the tail at that
+        # absolute position; -1: free elsewhere (head, never used); <= -2: held by -1 - st requests.
+        self.st = array("q", [-1]) * num_blocks
+        self.n_shared = 0  # blocks with more than one holder (st <= -3): none lets release skip reading st
         self.tail_len = 0
         self.fresh = 1
         self.cached: dict[int, int] = {}  # hash -> earliest block holding it
         self.dups: dict[int, list[int]] = {}  # hash -> later duplicate blocks
+        # Blocks registered without their hash (see _Lazy): key -> entries in registration order.
+        self.lazy: dict[int, list[_Lazy]] = {}
+        self.n_lazy = 0  # entries in ``lazy``
+        # Deferred registration (the engine's decode group): output segment -> the one request whose full blocks
+        # past ``num_cached_blocks`` count as registered without being written (up to ``computed_now // bs``).
+        # Written out (``_write_pending``) before any lookup or other request's registration under that segment,
+        # and by the engine when the request leaves the group, so every map holds what scheduling-time
+        # registration would hold whenever it is read.
+        self.pend: dict[int, EngineRequest] = {}
 
     # ---- gauges -------------------------------------------------------------------------------
     @property
@@ -76,16 +97,8 @@ class BlockPool:
         return [*self.head, *range(self.fresh, self.num_blocks), *self._tail_order()]
 
     def _tail_order(self) -> list[int]:
-        at, base, ids = self.tail_at, self.tail_base, self.tail_ids
+        at, base, ids = self.st, self.tail_base, self.tail_ids
         return [b for i in range(self.tail_first, len(ids)) if at[(b := ids[i])] == base + i]
-
-    def _remove_free(self, b: int) -> None:
-        if self.tail_at[b] >= 0:
-            self.tail_at[b] = -1
-            self.tail_len -= 1
-            self._maybe_compact()
-        else:
-            del self.head[b]
 
     def _maybe_compact(self) -> None:
         """Drop consumed and stale entries once they outnumber the valid ones (amortised O(1)). Hot callers
@@ -93,55 +106,80 @@ class BlockPool:
         ids = self.tail_ids
         if len(ids) - self.tail_len <= self.tail_len + 4096:  # consumed + stale entries vs valid ones
             return
+        first = self.tail_first
+        if len(ids) - first - self.tail_len <= self.tail_len + 4096:
+            # Mostly consumed entries (the usual case: the pool cycles through the tail): drop that prefix in
+            # one C-level move; absolute positions (tail_base + index) and so ``st`` stay valid.
+            del ids[:first]
+            self.tail_base += first
+            self.tail_first = 0
+            return
         keep = self._tail_order()
         self.tail_base += len(ids)  # fresh absolute positions: no old entry can match them
         self.tail_ids = array("i", keep)
         self.tail_first = 0
         self.tail_len = len(keep)
-        at, base = self.tail_at, self.tail_base
+        at, base = self.st, self.tail_base
         for i, b in enumerate(keep):
             at[b] = base + i
 
     # ---- lookup -------------------------------------------------------------------------------
     def find_hit(self, req: EngineRequest) -> list[int]:
-        """Longest cached prefix of ``req`` as block ids (``find_longest_cache_hit``)."""
+        """Longest cached prefix of ``req`` as block ids (``find_longest_cache_hit``).
+
+        Hashes are computed only as far as the walk goes (the first block, then all of them after a hit),
+        and a key's lazily registered blocks are materialised before the first lookup that could name them."""
         if not self.caching:
             return []
-        max_blocks = (req.seq.num_tokens - 1) // self.block_size
+        seq = req.seq
+        max_blocks = (seq.num_tokens - 1) // self.block_size
         if max_blocks <= 0:
             return []
-        hashes = req.seq.block_hashes(max_blocks)
+        hashes = seq._hashes
+        if not hashes:
+            seq._head(max_blocks)  # the memoised chain of the leading pieces, if any
+            if not hashes:
+                seq._extend_from(1)
+        lazy, pend = self.lazy, self.pend
         cached = self.cached
         hits: list[int] = []
-        for i in range(max_blocks):
-            b = cached.get(hashes[i])
-            if b is None:
-                break
-            hits.append(b)
+        for key, i0, i1 in (seq.key_runs(0, max_blocks) if lazy or pend else ((None, 0, max_blocks),)):
+            if key is not None:
+                if key in pend:
+                    self._write_pending(pend[key])
+                if key in lazy:
+                    self._flush(key)
+            for i in range(i0, i1):
+                if i >= len(hashes):
+                    seq._extend(max_blocks)
+                b = cached.get(hashes[i])
+                if b is None:
+                    return hits
+                hits.append(b)
         return hits
 
     # ---- allocation ---------------------------------------------------------------------------
     def _pop_free(self, n: int, out: list[int]) -> None:
         """Pop ``n`` blocks off the free queue (head, then never-used blocks, then tail) into ``out``."""
-        head, bhash, ref = self.head, self.bhash, self.ref
+        head, bhash, st = self.head, self.bhash, self.st
         while n and head:
             b, _ = head.popitem(last=False)
             h = bhash[b]
             if h is not None:  # evict
                 self._uncache(b, h)
-            ref[b] = 1
+            st[b] = -2  # ref 1
             out.append(b)
             n -= 1
         if n:
             fresh = self.fresh
             k = min(n, self.num_blocks - fresh)
             if k:  # never used: no hash, ref 0
-                ref[fresh:fresh + k] = [1] * k
+                st[fresh:fresh + k] = array("q", [-2]) * k
                 out.extend(range(fresh, fresh + k))
                 self.fresh = fresh + k
                 n -= k
         if n:  # the LRU end of the cached-free blocks: evict as we go
-            ids, at, i = self.tail_ids, self.tail_at, self.tail_first
+            ids, i = self.tail_ids, self.tail_first
             cached = self.cached
             live = self.tail_len
             self.tail_len = live - n
@@ -151,38 +189,48 @@ class BlockPool:
                 end = i + n
                 blk = ids[i:end].tolist()
                 for b in blk:
-                    at[b] = -1
-                    ref[b] = 1
+                    st[b] = -2
                     h = bhash[b]
                     if h is not None:
                         bhash[b] = None
-                        del cached[h]
+                        if h.__class__ is int:
+                            del cached[h]
+                        else:  # a _Lazy entry (no key in ``cached``): one block fewer
+                            h.live -= 1
+                            if not h.live:
+                                self._drop(h)
                 out.extend(blk)
                 self.tail_first = end
             else:
                 dups, base = self.dups, self.tail_base
                 for _ in range(n):
                     b = ids[i]
-                    while at[b] != base + i:  # a stale entry
+                    while st[b] != base + i:  # a stale entry
                         i += 1
                         b = ids[i]
-                    at[b] = -1
+                    st[b] = -2
                     i += 1
                     h = bhash[b]
                     if h is not None:
-                        if h in dups:
+                        if h.__class__ is not int:
+                            self._uncache(b, h)
+                        elif h in dups:
                             self._uncache(b, h)
                         else:
                             bhash[b] = None
                             if cached.get(h) == b:
                                 del cached[h]
-                    ref[b] = 1
                     out.append(b)
                 self.tail_first = i
             self._maybe_compact()
 
-    def _uncache(self, b: int, h: int) -> None:
+    def _uncache(self, b: int, h: int | _Lazy) -> None:
         self.bhash[b] = None
+        if h.__class__ is not int:
+            h.live -= 1
+            if not h.live:
+                self._drop(h)
+            return
         if self.cached.get(h) == b:
             extra = self.dups.get(h)
             if extra:
@@ -204,11 +252,11 @@ class BlockPool:
         The full-sequence check (``scheduler_reserve_full_isl``) is a check, not a reservation.
         """
         bs = self.block_size
-        ref = self.ref
+        st = self.st
         nh = len(hits)
         evictable = 0
         for b in hits:
-            if ref[b] == 0:
+            if st[b] >= -1:  # free (ref 0)
                 evictable += 1
         free = self.num_free
         if full_isl:
@@ -219,12 +267,27 @@ class BlockPool:
         new = -(-min(h_tokens + n, self.max_model_len) // bs) - nh
         if new + evictable + watermark_blocks > free:
             return False
-        blocks = req.blocks
+        # Touch the hit blocks (out of the free queue; one compaction check at the end: it only tidies the
+        # tail array, whose valid entries and so the queue order are the same either way).
+        head = self.head
+        taken = 0
         for b in hits:
-            if ref[b] == 0:
-                self._remove_free(b)
-            ref[b] += 1
-            blocks.append(b)
+            x = st[b]
+            if x >= 0:  # free, in the tail: its entry goes stale
+                taken += 1
+                st[b] = -2
+            elif x == -1:  # free elsewhere (the head)
+                del head[b]
+                st[b] = -2
+            else:
+                st[b] = x - 1  # one more holder
+                if x == -2:
+                    self.n_shared += 1
+        req.blocks.extend(hits)
+        if taken:
+            self.tail_len -= taken
+            self._maybe_compact()
+        blocks = req.blocks
         req.num_cached_blocks = nh
         if new > 0:
             self._pop_free(new, blocks)
@@ -246,25 +309,38 @@ class BlockPool:
     def allocate_decode(self, req: EngineRequest, computed_after: int) -> bool:
         """``allocate`` for a decoding request whose KV will cover ``computed_after`` tokens, all of them
         known (``computed_after`` equals the sequence length the scheduled steps have produced)."""
+        if not self.grow_decode(req, computed_after):
+            return False
+        if self.caching and computed_after // self.block_size > req.num_cached_blocks:
+            self._cache_upto(req, computed_after // self.block_size)
+        return True
+
+    def grow_decode(self, req: EngineRequest, computed_after: int) -> bool:
+        """The block half of ``allocate_decode``: ``req``'s blocks grown to cover ``computed_after`` tokens, no
+        registration (a decode-group member's is deferred, see ``pend``)."""
         bs = self.block_size
         mml = self.max_model_len
         new = -(-(computed_after if computed_after < mml else mml) // bs) - len(req.blocks)
         if new == 1 and self.tail_len and not self.head and self.fresh == self.num_blocks and not self.dups:
             # One block off the tail (the usual decode allocation once the pool has cycled): _pop_free(1)
             # with the stale entries skipped in place.
-            ids, at, i, base = self.tail_ids, self.tail_at, self.tail_first, self.tail_base
+            ids, st, i, base = self.tail_ids, self.st, self.tail_first, self.tail_base
             b = ids[i]
-            while at[b] != base + i:
+            while st[b] != base + i:
                 i += 1
                 b = ids[i]
-            at[b] = -1
+            st[b] = -2  # ref 1
             self.tail_first = i + 1
             self.tail_len -= 1
             h = self.bhash[b]
             if h is not None:
                 self.bhash[b] = None
-                del self.cached[h]  # no duplicates: the hash maps to this block
-            self.ref[b] = 1
+                if h.__class__ is int:
+                    del self.cached[h]  # no duplicates: the hash maps to this block
+                else:
+                    h.live -= 1
+                    if not h.live:
+                        self._drop(h)
             req.blocks.append(b)
             if len(ids) - self.tail_len > self.tail_len + 4096:
                 self._maybe_compact()
@@ -272,8 +348,6 @@ class BlockPool:
             if new > self.num_free:
                 return False
             self._pop_free(new, req.blocks)
-        if self.caching and computed_after // bs > req.num_cached_blocks:
-            self._cache_upto(req, computed_after // bs)
         return True
 
     def blocks_needed(self, req: EngineRequest, n: int) -> int:
@@ -290,22 +364,28 @@ class BlockPool:
             self._cache_upto(req, full)
 
     def _cache_upto(self, req: EngineRequest, full: int) -> None:
+        """Register blocks ``num_cached_blocks .. full - 1`` of ``req``: lazily (``_register_lazy``) when their
+        content starts with a segment, eagerly (hash into ``cached``) when it starts with real token ids."""
         start = req.num_cached_blocks
+        seq = req.seq
+        if start * self.block_size >= seq._length:  # only output blocks (a decode filling a block)
+            self._register_lazy(req, seq._out_seg, start, full)
+        else:
+            for key, i0, i1 in seq.key_runs(start, full):
+                if key is None:
+                    self._register(req, i0, i1)
+                else:
+                    self._register_lazy(req, key, i0, i1)
+        req.num_cached_blocks = full
+
+    def _register(self, req: EngineRequest, start: int, full: int) -> None:
+        """Eager registration of blocks ``start .. full - 1`` (their hashes into ``cached``, later copies of a
+        hash into ``dups``)."""
         seq = req.seq
         hashes = seq._hashes
         if full > len(hashes):
             seq._extend(full)  # extends ``hashes`` in place
         bhash, cached = self.bhash, self.cached
-        if full - start == 1:  # a decode filling one block: the common call
-            b = req.blocks[start]
-            h = hashes[start]
-            bhash[b] = h
-            if h in cached:
-                self.dups.setdefault(h, []).append(b)
-            else:
-                cached[h] = b
-            req.num_cached_blocks = full
-            return
         blks = req.blocks[start:full]
         hs = hashes[start:full]
         for b, h in zip(blks, hs):
@@ -316,7 +396,6 @@ class BlockPool:
         if cached.keys().isdisjoint(hs):
             cached.update(zip(hs, blks))
             if len(cached) == n0 + len(hs):
-                req.num_cached_blocks = full
                 return
             for h in hs:
                 cached.pop(h, None)
@@ -325,35 +404,83 @@ class BlockPool:
                 self.dups.setdefault(h, []).append(b)
             else:
                 cached[h] = b
-        req.num_cached_blocks = full
 
     def release(self, req: EngineRequest) -> None:
         """Free a finished or preempted request's blocks, tail first."""
-        ref, bhash, head = self.ref, self.bhash, self.head
-        ids, at = self.tail_ids, self.tail_at
+        st, bhash, head = self.st, self.bhash, self.head
+        ids = self.tail_ids
         pos = start = self.tail_base + len(ids)
-        for b in reversed(req.blocks):
-            r = ref[b] - 1
-            ref[b] = r
-            if not r:
+        blocks = req.blocks
+        nb = len(blocks)
+        if nb > 8 and req.num_cached_blocks >= nb - 1 and (not self.n_shared
+                                                            or min(map(st.__getitem__, blocks)) == -2):
+            # The usual case: the request is each of its blocks' only holder (certainly so when no block
+            # anywhere has a second holder; else read from the states) and only its last block may lack a hash
+            # (a held block is hashed iff it is registered, and ``num_cached_blocks`` counts those). The loop
+            # below would put that block at the head and append the others to the tail in reverse order: the
+            # same, without reading a block's hash (nor, usually, its state: those reads, at scattered block
+            # ids, were most of release's time).
+            rev = blocks[::-1]
+            if req.num_cached_blocks < nb:
+                last = rev[0]
+                rev = rev[1:]
+                st[last] = -1
+                head[last] = None
+                head.move_to_end(last, last=False)
+            ids.extend(rev)
+            for b in rev:
+                st[b] = pos
+                pos += 1
+            self.tail_len += pos - start
+            req.blocks = []
+            req.num_cached_blocks = 0
+            req.kv_entry = None  # (a released request's next registration starts a new entry anyway)
+            return
+        for b in reversed(blocks):
+            x = st[b]
+            if x == -2:  # its last holder
                 if bhash[b] is None:
+                    st[b] = -1
                     head[b] = None
                     head.move_to_end(b, last=False)
                 else:
-                    at[b] = pos
+                    st[b] = pos
                     ids.append(b)
                     pos += 1
+            else:
+                st[b] = x + 1
+                if x == -3:
+                    self.n_shared -= 1
         self.tail_len += pos - start
         req.blocks = []
         req.num_cached_blocks = 0
+        req.kv_entry = None
+
+    def ref_count(self, b: int) -> int:
+        """Requests holding block ``b``."""
+        x = self.st[b]
+        return -1 - x if x <= -2 else 0
 
     def check_invariants(self) -> None:
         """For tests: ref counts, free queue and hash map agree; nothing leaks."""
         free = set(self.free_order())
         assert len(free) == self.num_free, "a block is in the free queue twice"
+        tail = set(self._tail_order())
         for b in range(1, self.num_blocks):
-            assert self.ref[b] >= 0, f"negative ref on block {b}"
-            assert (self.ref[b] == 0) == (b in free), f"block {b}: ref {self.ref[b]} vs free queue"
+            ref = self.ref_count(b)
+            assert (ref == 0) == (b in free), f"block {b}: ref {ref} vs free queue"
+            assert (self.st[b] >= 0) == (b in tail), f"block {b}: state {self.st[b]} vs the tail"
         for h, b in self.cached.items():
             assert self.bhash[b] == h
         assert 0 not in free
+        for key, r in self.pend.items():
+            assert r.seq._out_seg == key and r._grp is not None, f"deferred registration of a non-member under {key}"
+        entries = [e for lst in self.lazy.values() for e in lst]
+        assert len(entries) == self.n_lazy
+        for b in range(1, self.num_blocks):
+            e = self.bhash[b]
+            if e is not None and e.__class__ is not int:
+                assert any(x is e for x in entries), f"block {b}: lazy entry not indexed"
+                assert b in e.blocks[e.i0:e.i1], f"block {b}: outside its lazy entry"
+        for e in entries:
+            assert e.live == sum(1 for b in e.blocks[e.i0:e.i1] if self.bhash[b] is e) > 0, "lazy entry's live count"

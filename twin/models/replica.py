@@ -8,9 +8,10 @@ inter-token gaps are derived from step ends, never from per-token events.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable
+from itertools import accumulate
 
-import numpy as np
 import simpy
 
 from twin.engine_profiles.step import StepTimeModel
@@ -159,23 +160,31 @@ class Replica:
         env = self.env
         t0 = env.now
         sh = step.shape
-        durs = self.step_model.decode_run_s(sh.decode_requests, sh.decode_context_tokens, k) * self.speed_factor
-        if self.decode_speedup is not None:
-            durs = durs / self.decode_speedup(sh.decode_requests)
-        ends = t0 + np.cumsum(durs)
+        model = self.step_model
+        if self.speed_factor == 1.0 and self.decode_speedup is None and hasattr(model, "decode_run_list"):
+            durs = model.decode_run_list(sh.decode_requests, sh.decode_context_tokens, k)  # same floats as a list
+        else:
+            arr = model.decode_run_s(sh.decode_requests, sh.decode_context_tokens, k) * self.speed_factor
+            if self.decode_speedup is not None:
+                arr = arr / self.decode_speedup(sh.decode_requests)
+            durs = arr.tolist()
+        # Step ends t0 + (d0 + ... + di): runs are short (a few steps), where numpy's per-call overhead costs
+        # more than the loop; accumulate adds left to right as np.cumsum does, so the floats are the same.
+        ends = [t0 + s for s in accumulate(durs)]
+        end = ends[-1]
         self._wake = env.event()
-        yield env.timeout(float(ends[-1] - t0)) | self._wake
+        yield env.timeout(end - t0) | self._wake
         m = k
-        if env.now < ends[-1]:  # cut by an arrival or abort: finish the step in flight
-            j = int(np.searchsorted(ends, env.now, side="right"))
+        if env.now < end:  # cut by an arrival or abort: finish the step in flight
+            j = bisect_right(ends, env.now)
             m = min(j + 1, k)
             if ends[m - 1] > env.now:
-                yield env.timeout(float(ends[m - 1] - env.now))
-        ends_l = ends[:m].tolist()
+                yield env.timeout(ends[m - 1] - env.now)
+        ends_l = ends[:m] if m < k else ends
         if self.rec.record_iterations:
             starts = [t0, *ends_l[:-1]]
             for i in range(m):
-                self._log_iteration(step, starts[i], float(durs[i]))
+                self._log_iteration(step, starts[i], durs[i])
         else:
             self._step_index += m
         finished = self.engine.complete_decode_run(step, m, ends_l)

@@ -27,7 +27,7 @@ class EngineRequest:
         "priority", "num_computed", "_nout", "blocks", "num_cached_blocks", "status",
         "num_preemptions", "num_cached_tokens", "first_scheduled_s", "first_token_s", "last_token_s",
         "finish_s", "finished_reason", "token_times", "on_tokens", "on_finished", "tag", "watch_output", "group",
-        "kv_preloaded", "adm", "g_ver", "g_base", "_grp",
+        "kv_preloaded", "adm", "g_ver", "g_base", "_grp", "kv_entry",
     )
 
     def __init__(
@@ -75,6 +75,7 @@ class EngineRequest:
         self.g_ver: int | None = None
         self.g_base = 0
         self._grp = None
+        self.kv_entry = None  # the block pool's newest lazy registration of this request's blocks (kv_lazy._Lazy)
 
     @property
     def num_output(self) -> int:
@@ -90,6 +91,15 @@ class EngineRequest:
         if self._grp is not None:
             raise RuntimeError("a decode-group member's output count is kept by its engine")
         self._nout = value
+
+    @property
+    def computed_now(self) -> int:
+        """``num_computed`` read through the decode group's offset (the in-flight step's token included), for
+        the block pool's deferred registration of a member's blocks (``BlockPool.pend``)."""
+        g = self._grp
+        if g is None:
+            return self.num_computed
+        return self.num_computed + g.steps - self.g_base + g.infl
 
     @property
     def num_tokens(self) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 import simpy
 
@@ -58,14 +59,24 @@ class Router:
         self.scrape_interval_s = scrape_interval_s
         self.rec = recorder
         self.snapshots: list[ReplicaSnapshot] = []
+        # model -> indices of its replicas in replica_id order: the order policies sort candidates into, so
+        # their sort finds the list already sorted
         self._by_model: dict[str, list[int]] = {}
-        for i, h in enumerate(replicas):
+        for i, h in sorted(enumerate(replicas), key=lambda ih: ih[1].scope):
             self._by_model.setdefault(h.model, []).append(i)
-        # (model, allowed regions, pool) -> indices of the healthy replicas there, in handle order. Health,
-        # region and pool change only at a scrape, a passive health mark or a new replica, which clear it;
-        # a dispatch then filters only that short list for room, not every replica of the model.
+        # (model, allowed regions, pool) -> indices of the healthy replicas there, in replica_id order.
+        # Health, region and pool change only at a scrape, a passive health mark or a new replica, which
+        # clear it.
         self._placed: dict[tuple, list[int]] = {}
+        # (model, allowed regions, pool, max_waiting) -> the indices of _placed that have room. Room is lost
+        # only when a request is sent (``sent`` clears this when a replica reaches a limit in use) and
+        # comes back only at a scrape, so a dispatch reads the list instead of testing every replica. The
+        # same key plus a region -> (that region's part of it, its largest max_model_len).
+        self._room: dict[tuple, Any] = {}
+        self._regional = getattr(self.policy, "chooses_from_candidates", False)
+        self._room_limits: set[int] = set()
         self.decisions = 0
+        self._went_down: list[ReplicaSnapshot] = []  # gone down since the last decision (see route)
         self.scrape()
 
     def start(self) -> None:
@@ -78,6 +89,7 @@ class Router:
 
     def scrape(self) -> None:
         now = self.env.now
+        before = self.snapshots
         snaps = []
         for h in self.handles:
             eng = h.replica.engine
@@ -87,8 +99,12 @@ class Router:
                 num_running=len(eng.running), num_waiting=len(eng.waiting), kv_usage=min(max(eng.kv.usage(), 0.0), 1.0),
                 outstanding_tokens=h.outstanding_tokens, max_model_len=h.max_model_len, scraped_at_s=now))
             h.pending_since_scrape = 0
+        for old, new in zip(before, snaps):
+            if old.healthy and not new.healthy:
+                self._went_down.append(new)
         self.snapshots = snaps
         self._placed.clear()
+        self._room.clear()
 
     def candidates(self, model: str, allowed_regions: Sequence[str] | None, max_waiting: int,
                    pool: str | None = None) -> list[ReplicaSnapshot]:
@@ -96,27 +112,69 @@ class Router:
         room for one more. Room: scraped waiting + requests routed there since the scrape < ``max_waiting``
         (0 = no limit).
         """
+        # the current snapshots (the ledger refreshes them) of the replicas with room, in C
+        return list(map(self.snapshots.__getitem__, self._with_room(model, allowed_regions, max_waiting, pool)))
+
+    def candidates_for(self, facts: RequestFacts, allowed_regions: Sequence[str] | None, max_waiting: int,
+                       pool: str | None = None) -> list[ReplicaSnapshot]:
+        """``candidates`` for one request; for a policy that chooses among ``candidate_replicas`` alone
+        (``chooses_from_candidates``) and a request steered to a region that needs no long context, only
+        the replicas with room in that region when one of them is eligible. The policy's candidates are the
+        same either way (it keeps the steered region's eligible replicas when there are any), and it reads
+        about a third of the list in a three-region fleet (all of them healthy: ``_placed`` holds no other).
+        """
+        room = self._with_room(facts.model, allowed_regions, max_waiting, pool)
+        region = facts.region
+        if self._regional and region is not None and not facts.needs_long_context:
+            key = (facts.model, None if allowed_regions is None else tuple(allowed_regions), pool, max_waiting, region)
+            local = self._room.get(key)
+            if local is None:
+                snaps = self.snapshots
+                idx = [i for i in room if snaps[i].region == region]
+                local = self._room[key] = (idx, max([snaps[i].max_model_len for i in idx], default=-1))
+            if local[1] >= facts.total_tokens:  # some replica there is eligible (healthy, model, residency: placed)
+                return list(map(self.snapshots.__getitem__, local[0]))
+        return list(map(self.snapshots.__getitem__, room))
+
+    def _with_room(self, model: str, allowed_regions: Sequence[str] | None, max_waiting: int,
+                   pool: str | None) -> list[int]:
         snaps = self.snapshots
-        key = (model, None if allowed_regions is None else tuple(allowed_regions), pool)
-        placed = self._placed.get(key)
-        if placed is None:
-            placed = self._placed[key] = [
-                i for i in self._by_model.get(model, ())
-                if snaps[i].healthy and (pool is None or snaps[i].pool == pool)
-                and (allowed_regions is None or snaps[i].region in allowed_regions)]
-        if not max_waiting:
-            return [snaps[i] for i in placed]
-        handles = self.handles
-        return [snaps[i] for i in placed if snaps[i].num_waiting + handles[i].pending_since_scrape < max_waiting]
+        key = (model, None if allowed_regions is None else tuple(allowed_regions), pool, max_waiting)
+        room = self._room.get(key)
+        if room is None:
+            placed_key = key[:3]
+            placed = self._placed.get(placed_key)
+            if placed is None:
+                placed = self._placed[placed_key] = [
+                    i for i in self._by_model.get(model, ())
+                    if snaps[i].healthy and (pool is None or snaps[i].pool == pool)
+                    and (allowed_regions is None or snaps[i].region in allowed_regions)]
+            if max_waiting:
+                handles = self.handles
+                room = [i for i in placed if snaps[i].num_waiting + handles[i].pending_since_scrape < max_waiting]
+                self._room_limits.add(max_waiting)
+            else:
+                room = placed
+            self._room[key] = room
+        return room
 
     def route(self, facts: RequestFacts, candidates: list[ReplicaSnapshot]) -> RoutingDecision:
         self.decisions += 1
+        if self._went_down:
+            # The policy's contract is to be shown every replica, unhealthy ones included, and it forgets
+            # what it knew of a replica it sees down (the prefix routers' index: a crashed or drained engine's
+            # cache is gone). This host hands over only replicas that could be chosen, so it adds each replica
+            # that went down since the last decision, once: ineligible, it changes no candidate list.
+            candidates = [*candidates, *self._went_down]
+            self._went_down = []
         return self.policy.route(facts, candidates, self.env.now)
 
     def sent(self, facts: RequestFacts, replica_id: str) -> None:
         h = self.by_id[replica_id]
         h.outstanding_tokens += facts.total_tokens
         h.pending_since_scrape += 1
+        if self.snapshots[h.index].num_waiting + h.pending_since_scrape in self._room_limits:
+            self._room.clear()  # it just reached a limit in use: it has no room there any more
         self._refresh(h)
         self.policy.on_routed(facts, replica_id, self.env.now)
 
@@ -138,16 +196,23 @@ class Router:
     def mark_unhealthy(self, replica_id: str) -> None:
         """Passive health check: a connection failure marks the replica down before the next scrape."""
         h = self.by_id[replica_id]
-        self.snapshots[h.index] = dataclasses.replace(self.snapshots[h.index], healthy=False)
+        was = self.snapshots[h.index]
+        self.snapshots[h.index] = dataclasses.replace(was, healthy=False)
+        if was.healthy:
+            self._went_down.append(self.snapshots[h.index])
         self._placed.clear()
+        self._room.clear()
 
     def add_replica(self, h: ReplicaHandle) -> None:
         """New capacity joins; it is visible to the policy from the next scrape."""
         self.by_id[h.scope] = h
-        self._by_model.setdefault(h.model, []).append(h.index)
+        by_model = self._by_model.setdefault(h.model, [])
+        by_model.append(h.index)
+        by_model.sort(key=lambda i: self.handles[i].scope)
         eng = h.replica.engine
         self.snapshots.append(ReplicaSnapshot(
             replica_id=h.scope, region=h.region, model=h.model, pool=h.pool, healthy=h.replica.healthy,
             num_running=len(eng.running), num_waiting=len(eng.waiting), kv_usage=0.0, outstanding_tokens=0,
             max_model_len=h.max_model_len, scraped_at_s=self.env.now))
         self._placed.clear()
+        self._room.clear()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import simpy
 
@@ -38,7 +38,6 @@ class QueueEntry:
     replica_id: str | None = None
     removed: bool = False
     on_dispatch: object = None  # callback(entry, handle) that submits the generation
-    meta: dict = field(default_factory=dict)
 
 
 class TokenQueue:
@@ -138,7 +137,7 @@ class TokenQueue:
                     if len(blocked) >= 64:  # the rest waits for the next kick; order is kept by the heap
                         break
                     continue
-                cands = self.router.candidates(e.facts.model, e.allowed_regions, self.max_waiting, e.pool)
+                cands = self.router.candidates_for(e.facts, e.allowed_regions, self.max_waiting, e.pool)
                 if not cands:
                     blocked_models.add(key)
                     blocked.append(item)
@@ -155,6 +154,7 @@ class TokenQueue:
                 e.replica_id = decision.replica_id
                 self.router.sent(e.facts, decision.replica_id)
                 e.on_dispatch(e, self.router.by_id[decision.replica_id])  # type: ignore[operator]
+                e.on_dispatch = None  # called once; dropping it breaks a cycle (see Generations._submit)
                 e.is_dispatched = True
                 if e.dispatched is not None:
                     e.dispatched.succeed(decision.replica_id)

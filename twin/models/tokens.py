@@ -84,6 +84,33 @@ class TokenSeq:
             self._extend(num_full_blocks)
         return self._hashes
 
+    def key_runs(self, b0: int, b1: int) -> list[tuple[int | None, int, int]]:
+        """Blocks ``b0 <= i < b1`` as runs ``(key, i0, i1)``: a block's *key* is the segment its content starts
+        with (the first item of ``_block_content``), or None when it starts with a real token id. Equal content
+        gives an equal key, so the block pool can index blocks whose hash it has not computed by key."""
+        bs = self.block_size
+        out: list[tuple[int | None, int, int]] = []
+        pstart = 0
+        for kind, payload, length in self._pieces:
+            pend = pstart + length
+            i0 = -(-pstart // bs)  # blocks whose first token lies in [pstart, pend)
+            i1 = -(-pend // bs)
+            if i0 < b0:
+                i0 = b0
+            if i1 > b1:
+                i1 = b1
+            if i0 < i1:
+                out.append((payload if kind == 1 else None, i0, i1))
+            pstart = pend
+            if pstart >= b1 * bs:
+                return out
+        i0 = -(-pstart // bs)
+        if i0 < b0:
+            i0 = b0
+        if i0 < b1:
+            out.append((self._out_seg, i0, b1))
+        return out
+
     def _head(self, upto: int) -> None:
         """Start the chain from the memo of the leading virtual pieces (at most ``upto`` blocks)."""
         pieces = self._pieces

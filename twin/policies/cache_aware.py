@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import Literal
 
 from pydantic import Field
@@ -20,24 +21,10 @@ from twin.policies.routing import ROUTERS, BaseRouter, RouterParams
 from twin.policies.types import ReplicaSnapshot, RequestFacts, RoutingDecision
 
 
-_ROOT = object()  # the predecessor recorded for a prompt's first block
-
-
 class ApproxPrefixIndex:
     """Per replica, an LRU of block hashes this router sent there, with capacity and aging.
 
-    A match is the number of *leading* prompt blocks found in a replica's LRU; done block by block it
-    costs as many lookups as the prompt shares with the replica (every replica holds a shared system
-    prompt), for every candidate of every decision. It is found by binary search instead when that
-    gives the same answer, i.e. when the blocks a replica holds form a prefix of the prompt. That holds
-    for chained hashes (block k's hash determines block k-1's): a record stores a prompt's blocks leaf
-    first, so a block's predecessor is always newer in the LRU and is evicted (capacity, TTL) after it.
-    To stay exact on any input, the index remembers each recorded block's predecessor (``_pred``); a
-    query is binary searched only if no block was ever recorded with two different predecessors (nor
-    twice in one prompt) and each of the query's blocks that is in ``_pred`` has the query's previous
-    block as its predecessor. Otherwise (hand-made hashes, a 64-bit collision) the block-by-block scan
-    runs, so the answer is always the scan's. ``_pred`` is pruned to the blocks some LRU still holds
-    whenever it has doubled since the last prune (an entry no LRU holds only makes the check stricter).
+    A match is the number of *leading* prompt blocks found in a replica's LRU, found block by block.
     """
 
     def __init__(self, *, capacity_blocks: int, ttl_s: float | None) -> None:
@@ -46,15 +33,6 @@ class ApproxPrefixIndex:
         self.capacity_blocks = capacity_blocks
         self.ttl_s = ttl_s
         self._lru: dict[str, OrderedDict[int, float]] = {}
-        self._pred: dict[int, object] = {}  # block hash -> the block recorded before it (_ROOT: first)
-        self._prune_at = 4 * capacity_blocks
-        # binary search allowed: no block was ever recorded after two different blocks, and the
-        # owner did not turn it off (stop_searching)
-        self._search = True
-        # the last prompt checked against _pred, and the answer: a host routes a prompt, then records
-        # it, and the check need not run twice while _pred is unchanged (it holds the prompt, so the
-        # identity test cannot be fooled by a recycled object)
-        self._checked: tuple[object, bool, int | None] = ((), True, None)
 
     def record(self, replica_id: str, block_hashes: Sequence[int], now_s: float) -> None:
         """Blocks were sent to ``replica_id`` at ``now_s``.
@@ -62,60 +40,20 @@ class ApproxPrefixIndex:
         Recorded leaf first, so the prefix root is the most recently used and is evicted last, as an
         engine evicts a freed request's blocks from the tail.
         """
-        if self._search and block_hashes:
-            self._note_chain(block_hashes)
-        lru = self._lru.setdefault(replica_id, OrderedDict())
+        lru = self._lru.get(replica_id)
+        if lru is None:
+            lru = self._lru[replica_id] = OrderedDict()
+        move = lru.move_to_end
         for h in reversed(block_hashes):
             lru[h] = now_s
-            lru.move_to_end(h)
+            move(h)
         while len(lru) > self.capacity_blocks:
             lru.popitem(last=False)
         self._expire(lru, now_s)
 
-    def _note_chain(self, block_hashes: Sequence[int]) -> None:
-        """Remember each block's predecessor; a conflict with an earlier record ends the binary search.
-
-        Runs on every routed request, so its work is whole-prompt ``map`` / ``update`` / ``set`` passes
-        in C, and in the usual case (the prompt's head recorded before, its tail new) only the tail is
-        inserted: a loop per block here cost more than the search saves.
-        """
-        ok, known = self._analyse(block_hashes)
-        pred = self._pred
-        if known is not None:
-            tail = block_hashes[known:]
-            if len(set(tail)) != len(tail):
-                self._conflict()
-                return
-        elif not ok or pred.get(block_hashes[0], _ROOT) is not _ROOT or len(set(block_hashes)) != len(block_hashes):
-            self._conflict()
-            return
-        else:
-            known = 0  # recorded blocks agree but are not one leading run: (re)insert them all
-        if known == len(block_hashes):
-            return
-        if known == 0:
-            pred[block_hashes[0]] = _ROOT
-            known = 1
-        pred.update(zip(block_hashes[known:], block_hashes[known - 1:-1]))
-        self._checked = ((), True, None)  # new entries: an answer cached before may have changed
-        if len(pred) > self._prune_at:
-            # the blocks some LRU holds, each once (the shared system prompts sit in every replica's LRU,
-            # so a comprehension over the LRUs looked up the same block once per replica), all in C
-            keep = set(block_hashes).union(*self._lru.values())
-            self._pred = pred = dict(zip(keep, map(pred.__getitem__, keep)))
-            self._prune_at = max(2 * len(pred), 4 * self.capacity_blocks)
-
-    def _conflict(self) -> None:
-        self.stop_searching()
-
-    def stop_searching(self) -> None:
-        """Scan every match from now on and keep no predecessors (answers are the same either way)."""
-        self._search = False
-        self._pred = {}
-
     def match_blocks(self, replica_id: str, block_hashes: Sequence[int], now_s: float) -> int:
         """How many leading blocks of the prompt the index believes are cached on ``replica_id``."""
-        return self.match_many((replica_id,), block_hashes, now_s)[0]
+        return self.matcher(block_hashes, now_s)(replica_id)
 
     def match_many(self, replica_ids: Sequence[str], block_hashes: Sequence[int], now_s: float) -> list[int]:
         """``match_blocks`` for each replica in turn (expiring each one's LRU as it goes)."""
@@ -125,7 +63,6 @@ class ApproxPrefixIndex:
     def matcher(self, block_hashes: Sequence[int], now_s: float) -> Callable[[str], int]:
         """``replica_id -> match_blocks(replica_id, block_hashes, now_s)``, for a router that matches only
         some candidates; ``match_many`` calls it for every candidate."""
-        search = self._search and self._prefix_closed(block_hashes)
         lrus, expire = self._lru, self._expire
 
         def match(replica_id: str) -> int:
@@ -133,15 +70,6 @@ class ApproxPrefixIndex:
             if not lru:
                 return 0
             expire(lru, now_s)
-            if search:
-                lo, hi = 0, len(block_hashes)
-                while lo < hi:
-                    mid = (lo + hi) // 2
-                    if block_hashes[mid] in lru:
-                        lo = mid + 1
-                    else:
-                        hi = mid
-                return lo
             n = 0
             for h in block_hashes:
                 if h not in lru:
@@ -156,35 +84,6 @@ class ApproxPrefixIndex:
         before it (True may still be an entry past its TTL, which a match would expire first)."""
         lru = self._lru.get(replica_id)
         return lru is not None and block_hash in lru
-
-    def _prefix_closed(self, block_hashes: Sequence[int]) -> bool:
-        """Each block of the prompt after the first that has a recorded predecessor has the prompt's
-        previous block."""
-        return len(block_hashes) < 2 or self._analyse(block_hashes)[0]
-
-    def _analyse(self, block_hashes: Sequence[int]) -> tuple[bool, int | None]:
-        """``(closed, known)``: closed as in ``_prefix_closed``; ``known`` = k when exactly the first k
-        blocks are recorded, each after the prompt's previous block (the first as a root), else None.
-        The answer for the last prompt is kept while ``_pred`` does not change."""
-        last, ok, known = self._checked
-        if last is block_hashes:
-            return ok, known
-        pred = self._pred
-        before = [_ROOT, *block_hashes[:-1]]
-        recorded = list(map(pred.get, block_hashes))  # None: never recorded
-        try:
-            known = recorded.index(None)
-        except ValueError:
-            known = len(recorded)
-        if recorded[:known] == before[:known] and recorded.count(None) == len(recorded) - known:
-            ok = True
-        else:
-            known = None
-            # pred.get(h, default=previous block) is the previous block exactly when h is unrecorded
-            # or was recorded after it
-            ok = list(map(pred.get, block_hashes[1:], before[1:])) == before[1:]
-        self._checked = (block_hashes, ok, known)
-        return ok, known
 
     def forget(self, replica_id: str) -> None:
         self._lru.pop(replica_id, None)
@@ -202,15 +101,24 @@ class ApproxPrefixIndex:
             del lru[h]
 
 
+_NUM_WAITING = attrgetter("num_waiting")
+_KV_USAGE = attrgetter("kv_usage")
+_REPLICA_ID = attrgetter("replica_id")
+_OUTSTANDING = attrgetter("outstanding_tokens")
+_HEALTHY = attrgetter("healthy")
+
+
 class _PrefixIndexParams(RouterParams):
     index_capacity_blocks: int = Field(31_250, ge=1, description="LRU capacity per replica, in blocks")
     index_ttl_s: float | None = Field(600.0, gt=0, description="forget a block this long after last use")
 
 
-# Below this many candidates in its first decision, a router's index scans instead of binary searching:
-# the search's bookkeeping (a dict pass over each routed prompt) then costs about what it saves (measured
-# in the fleet benchmark: a wash at ~14 candidates a decision, a loss at ~4).
-SEARCH_MIN_CANDIDATES = 24
+# Below this many candidates the one-pass filter of LlmDScorerRouter._best costs more than the exact loop
+# it spares (fleet benchmark at scale 0.02: ~4 candidates a decision).
+_ONE_PASS_MIN = 8
+
+# The session hints kept (cleared when full): a hint saves work, never changes a decision.
+SESSION_SEEDS_MAX = 1 << 20
 
 
 class _PrefixIndexRouter(BaseRouter):
@@ -220,26 +128,33 @@ class _PrefixIndexRouter(BaseRouter):
         super().__init__(params, seed=seed)
         self.index = ApproxPrefixIndex(capacity_blocks=self.params.index_capacity_blocks,
                                        ttl_s=self.params.index_ttl_s)
-        self._index_sized = False
-
-    def _size_index(self, num_candidates: int) -> None:
-        """On the first decision, keep the index's binary search only for a fleet large enough to pay,
-        and only while every candidate is matched: with scores omitted a decision matches a few
-        candidates, and the search's bookkeeping on every routed prompt then costs more than it saves
-        (measured in the fleet benchmark at scale 0.16 and 0.32: router CPU per turn about a third lower
-        scanning). Answers are the same either way."""
-        if not self._index_sized:
-            self._index_sized = True
-            if num_candidates < SEARCH_MIN_CANDIDATES or not self.keep_scores:
-                self.index.stop_searching()
+        self._session_at: dict[str, str] = {}  # session id -> replica its last request was sent to
 
     def _observe(self, replicas: Sequence[ReplicaSnapshot], now_s: float) -> None:
-        # one comprehension: this sees every snapshot of every decision, and nearly all are healthy
-        for replica_id in [r.replica_id for r in replicas if not r.healthy]:
-            self.index.forget(replica_id)
+        # this sees every snapshot of every decision, and nearly all are healthy: one pass in C first
+        if not all(map(_HEALTHY, replicas)):
+            for replica_id in [r.replica_id for r in replicas if not r.healthy]:
+                self.index.forget(replica_id)
 
     def on_routed(self, request: RequestFacts, replica_id: str, now_s: float) -> None:
         self.index.record(replica_id, request.block_hashes, now_s)
+        if request.session_id is not None:
+            last = self._session_at
+            if len(last) >= SESSION_SEEDS_MAX and request.session_id not in last:
+                last.clear()  # only a hint for the order of work, so forgetting it is safe
+            last[request.session_id] = replica_id
+
+    def _session_seed(self, request: RequestFacts, ids: list[str]) -> int:
+        """Where in ``ids`` the replica this request's session was last sent to is (-1: unknown or not a
+        candidate). Its index holds the session's history, so it usually has the best match, and
+        matching it first lets one cheap lookup rule out most other candidates."""
+        rid = None if request.session_id is None else self._session_at.get(request.session_id)
+        if rid is None:
+            return -1
+        try:
+            return ids.index(rid)
+        except ValueError:
+            return -1
 
 
 # -------------------------------------------------------------------------------------------- llm-d scorer
@@ -281,7 +196,6 @@ class LlmDScorerRouter(_PrefixIndexRouter):
         return out
 
     def _choose(self, request: RequestFacts, candidates: list[ReplicaSnapshot], now_s: float) -> RoutingDecision:
-        self._size_index(len(candidates))
         if not self.keep_scores:
             return RoutingDecision(self._best(request, candidates, now_s), "llm_d_scorer (score, higher wins)")
         totals = self.scores(request, candidates, now_s)
@@ -295,18 +209,21 @@ class LlmDScorerRouter(_PrefixIndexRouter):
 
         A candidate's total is at most its total with a full prefix match (``m / n_blocks <= 1.0``, and
         float multiplication by a weight >= 0 and float addition are monotone, so the bound is exact:
-        it is the same expression evaluated at 1.0). Candidates are matched in descending bound order
-        until a bound falls below the best exact total found, so the index is asked about the few
-        replicas whose queue and KV scores leave them a chance, not every replica of the fleet; equal
-        bounds are still matched, so ties break as in the full scan. Lookups skipped here also skip
-        those replicas' TTL expiry, which changes no answer: expired blocks are the oldest in an LRU,
-        so the next match, record or capacity eviction there removes them first all the same.
+        it is the same expression evaluated at 1.0). The replica this request's session last went to
+        (``_session_seed``), which usually holds the longest match, is matched first and sets a high
+        best total at once; then candidates are matched in descending bound order until a bound falls
+        below the best exact total found, so the index is asked about the few replicas whose queue and
+        KV scores leave them a chance, not every replica of the fleet; equal bounds are still matched,
+        so ties break as in the full scan. Which candidate is matched first changes only the work: every
+        candidate not matched is ruled out by an exact bound. Lookups skipped here also skip those
+        replicas' TTL expiry, which changes no answer: expired blocks are the oldest in an LRU, so the
+        next match, record or capacity eviction there removes them first all the same.
         """
         p = self.params
         pw, qw, kw = p.prefix_weight, p.queue_weight, p.kv_usage_weight
         hashes = request.block_hashes
         n_blocks = len(hashes)
-        q = [c.num_waiting for c in candidates]
+        q = list(map(_NUM_WAITING, candidates))
         q_lo, q_hi = min(q), max(q)
         # the queue and kv terms exactly as scores() computes them; its total is (prefix + queue) + kv
         if q_hi == q_lo:
@@ -314,32 +231,55 @@ class LlmDScorerRouter(_PrefixIndexRouter):
         else:
             span = q_hi - q_lo
             queue = [qw * ((q_hi - w) / span) for w in q]
-        kv = [kw * (1.0 - c.kv_usage) for c in candidates]
+        kv = [kw * (1.0 - u) for u in map(_KV_USAGE, candidates)]
+        ids = list(map(_REPLICA_ID, candidates))
         if not n_blocks:
             zero = pw * 0.0
             totals = [zero + a + b for a, b in zip(queue, kv)]
-            best = min(range(len(candidates)), key=lambda i: (-totals[i], candidates[i].replica_id))
-            return candidates[best].replica_id
+            best = min(range(len(candidates)), key=lambda i: (-totals[i], ids[i]))
+            return ids[best]
         bounds = [pw + a + b for a, b in zip(queue, kv)]  # pw * (n_blocks / n_blocks) == pw
-        # descending bound; equal bounds keep the candidates' replica_id order (a reverse sort is stable)
-        order = sorted(range(len(candidates)), key=bounds.__getitem__, reverse=True)
         index = self.index
         match = index.matcher(hashes, now_s)
-        best_total = -math.inf
-        best_id = ""
-        for i in order:
+        # The first exact total: the session's replica, else the first candidate of highest bound (the one
+        # a descending sort would put first).
+        first = self._session_seed(request, ids)
+        if first < 0:
+            first = max(range(len(ids)), key=bounds.__getitem__)
+        best_id = ids[first]
+        best_total = pw * (match(best_id) / n_blocks) + queue[first] + kv[first]
+        # Candidates that may still win, in one pass. With the match stopped before block k a candidate
+        # totals at most t(k) = pw * (k / n_blocks) + queue + kv, and loses if t(k) is below the best, or
+        # equal to it with a larger replica_id. One k for all (from the highest queue + kv) is picked by a
+        # float estimate; the test is the exact expression, and a candidate that fails it or holds block
+        # k in its index goes to the exact loop below.
+        lrus = index._lru  # ApproxPrefixIndex.holds inlined: this pass visits every candidate
+        n = len(ids)
+        if pw and n > _ONE_PASS_MIN:
+            k = min(max(math.ceil((best_total - (max(bounds) - pw)) / pw * n_blocks) - 1, 0), n_blocks - 1)
+            at_k = pw * (k / n_blocks)
+            h = hashes[k]
+            live = [i for i in range(n) if bounds[i] >= best_total and i != first
+                    and ((t := at_k + queue[i] + kv[i]) > best_total or (t == best_total and ids[i] < best_id)
+                         or h in lrus.get(ids[i], ()))]
+        else:
+            live = [i for i in range(n) if bounds[i] >= best_total and i != first]
+        # descending bound; equal bounds keep the candidates' replica_id order (a reverse sort is stable)
+        for i in sorted(live, key=bounds.__getitem__, reverse=True):
             if bounds[i] < best_total:
                 break
-            rid = candidates[i].replica_id
+            rid = ids[i]
             a, b = queue[i], kv[i]
-            if pw and best_total > -math.inf:
+            if pw:
                 # A tighter bound for one lookup: if block k is not held there, the match stops at or
-                # before it, so the total is at most its value at k blocks. k is picked as the largest
-                # count whose total may fall below the best (the float estimate only picks k; the
-                # pruning test is the exact expression).
-                k = min(math.ceil((best_total - a - b) / pw * n_blocks) - 1, n_blocks - 1)
-                if k >= 0 and pw * (k / n_blocks) + a + b < best_total and not index.holds(rid, hashes[k]):
-                    continue
+                # before it, so the total is at most t(k). k is picked as the largest count whose total
+                # may lose to the best (the float estimate only picks k; the test is exact).
+                k = min(max(math.ceil((best_total - a - b) / pw * n_blocks) - 1, 0), n_blocks - 1)
+                t = pw * (k / n_blocks) + a + b
+                if t < best_total or (t == best_total and rid > best_id):
+                    lru = lrus.get(rid)
+                    if lru is None or hashes[k] not in lru:
+                        continue
             total = pw * (match(rid) / n_blocks) + a + b
             if total > best_total or (total == best_total and rid < best_id):
                 best_total, best_id = total, rid
@@ -382,7 +322,6 @@ class DynamoKvCostRouter(_PrefixIndexRouter):
         return out
 
     def _choose(self, request: RequestFacts, candidates: list[ReplicaSnapshot], now_s: float) -> RoutingDecision:
-        self._size_index(len(candidates))
         if not self.keep_scores and self.params.temperature == 0.0:
             return RoutingDecision(self._cheapest(request, candidates, now_s), "dynamo_kv_cost (cost, lower wins)")
         costs = self.costs(request, candidates, now_s)
@@ -413,21 +352,28 @@ class DynamoKvCostRouter(_PrefixIndexRouter):
         p = self.params
         bs, w = p.block_size_tokens, p.overlap_score_weight
         hashes = request.block_hashes
-        n_blocks = len(hashes)
         prompt_blocks = math.ceil(request.prompt_tokens / bs)
-        decode = [math.ceil(c.outstanding_tokens / bs) + prompt_blocks for c in candidates]
-        most = min(n_blocks, prompt_blocks)
+        decode = [math.ceil(t / bs) + prompt_blocks for t in map(_OUTSTANDING, candidates)]
+        ids = list(map(_REPLICA_ID, candidates))
+        most = min(len(hashes), prompt_blocks)
         bounds = [w * (prompt_blocks - most) + d for d in decode]
-        # ascending bound; equal bounds keep the candidates' replica_id order (the sort is stable)
-        order = sorted(range(len(candidates)), key=bounds.__getitem__)
         index = self.index
         match = index.matcher(hashes, now_s) if most else None
         best_cost = math.inf
         best_id = ""
+        first = self._session_seed(request, ids) if most else -1
+        if first >= 0:
+            best_id = ids[first]
+            best_cost = w * (prompt_blocks - min(match(best_id), prompt_blocks)) + decode[first]
+        # ascending bound; equal bounds keep the candidates' replica_id order (the sort is stable)
+        order = sorted(range(len(candidates)), key=bounds.__getitem__)
+        lrus = index._lru  # ApproxPrefixIndex.holds inlined, as in LlmDScorerRouter._best
         for i in order:
             if bounds[i] > best_cost:
                 break
-            rid = candidates[i].replica_id
+            if i == first:
+                continue
+            rid = ids[i]
             d = decode[i]
             if match is None:
                 cost = w * prompt_blocks + d  # nothing to match: cached is 0
@@ -436,8 +382,10 @@ class DynamoKvCostRouter(_PrefixIndexRouter):
                     # one lookup: without block k the match stops at or before it (k picked by a float
                     # estimate; the pruning test is the exact expression)
                     k = min(math.ceil(prompt_blocks - (best_cost - d) / w) - 1, most - 1)
-                    if k >= 0 and w * (prompt_blocks - k) + d > best_cost and not index.holds(rid, hashes[k]):
-                        continue
+                    if k >= 0 and w * (prompt_blocks - k) + d > best_cost:
+                        lru = lrus.get(rid)
+                        if lru is None or hashes[k] not in lru:
+                            continue
                 cost = w * (prompt_blocks - min(match(rid), prompt_blocks)) + d
             if cost < best_cost or (cost == best_cost and rid < best_id):
                 best_cost, best_id = cost, rid

@@ -52,13 +52,21 @@ def candidate_replicas(
     long_context_pool: str = LONG_CONTEXT_POOL,
 ) -> list[ReplicaSnapshot]:
     """Eligible replicas after the steering preferences; empty exactly when none is eligible."""
+    region = request.region
+    if region is not None and not request.needs_long_context:
+        # The usual case, cheaper: the eligible replicas of the steered region are the eligible replicas
+        # of all that lie there, so filter by region first (one cheap test per replica) and check
+        # eligibility and sort only there; the whole fleet is checked only when that region has none.
+        local = eligible_replicas(request, [r for r in replicas if r.region == region])
+        if local:
+            return local
     out = eligible_replicas(request, replicas)
     if request.needs_long_context:
         in_pool = [r for r in out if r.pool == long_context_pool]
         if in_pool:
             out = in_pool
-    if request.region is not None:
-        local = [r for r in out if r.region == request.region]
+    if region is not None:
+        local = [r for r in out if r.region == region]
         if local:
             out = local
     return out

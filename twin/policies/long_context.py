@@ -37,6 +37,7 @@ class LongContextPoolRouter(BaseRouter):
 
     Params = LongContextPoolParams
     params: LongContextPoolParams
+    chooses_from_candidates = False  # it filters the replicas by pool before its inner router sees them
 
     def __init__(self, params: RouterParams, *, seed: int) -> None:
         super().__init__(params, seed=seed)

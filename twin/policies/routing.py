@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from operator import attrgetter
 from typing import ClassVar, Literal
 
 from pydantic import Field
@@ -20,6 +21,7 @@ from twin.policies.types import ReplicaSnapshot, RequestFacts, RoutingDecision
 from twin.registry import Registry
 
 NO_ELIGIBLE_REPLICA = "no_eligible_replica"
+_REPLICA_ID = attrgetter("replica_id")
 
 
 class RouterParams(PolicyParams):
@@ -34,6 +36,13 @@ class BaseRouter(PolicyBase[RouterParams]):
     """
 
     Params: ClassVar[type[RouterParams]]
+    # ``route`` chooses among ``candidate_replicas(request, replicas)`` alone and looks at nothing else in
+    # ``replicas`` but unhealthy snapshots (``_observe``). So a host that passes only healthy replicas may
+    # pass, for a request that needs no long context and is steered to a region with an eligible
+    # replica, only that region's replicas: the candidates, and so the decision, are the same, and the
+    # router reads fewer snapshots. It must still pass each replica that went down at least once, so that
+    # ``_observe`` sees it. A router that filters the replicas itself sets this False.
+    chooses_from_candidates: ClassVar[bool] = True
 
     def __init__(self, params: RouterParams, *, seed: int) -> None:
         super().__init__(params, seed=seed)
@@ -53,7 +62,7 @@ class BaseRouter(PolicyBase[RouterParams]):
         if not candidates:
             return RoutingDecision(None, NO_ELIGIBLE_REPLICA)
         decision = self._choose(request, candidates, now_s)
-        if decision.replica_id not in {c.replica_id for c in candidates}:
+        if decision.replica_id not in map(_REPLICA_ID, candidates):  # a scan in C, stops at the pick
             raise RuntimeError(f"{type(self).__name__} chose ineligible replica {decision.replica_id!r}")
         return decision
 

@@ -1,0 +1,58 @@
+"""A fleet run leaves no per-turn reference cycles.
+
+Every turn used to leave its engine request, stream, queue entry and their closures in reference cycles
+(the request's callbacks closed over the stream, which points back at the request), so only the cyclic
+garbage collector could free them: at scale 0.08 the first collection after the run walked ~0.7 M such
+objects (~2 CPU-s). Reference counting frees a finished turn now; this test keeps it that way by running a
+fleet with cancellations, disconnects and resumes, retries, abandonment and a replica crash, and looking at
+what the collector would have had to free.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import gc
+
+import pytest
+
+from tests.test_fleet import BASE
+from twin.models.fleet import FleetWorld
+from twin.scenario import load_scenario, parse_scenario
+
+# Objects made per turn or per generation; any of them in a cycle means every turn leaks one to the collector.
+PER_TURN = {"EngineRequest", "Stream", "QueueEntry", "RequestFacts", "TokenSeq", "Turn", "TurnRecord", "Event",
+            "Timeout", "Process", "Outcome", "generator", "cell", "function"}
+
+
+def _garbage_of(scenario) -> collections.Counter:
+    gc.collect()
+    was = gc.get_debug()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # keep what the collector frees in gc.garbage, to look at
+    try:
+        world = FleetWorld(scenario, seed=scenario.seed, replication=0)
+        world.run(scenario.horizon_s)
+        gc.unfreeze()  # FleetWorld.run freezes the finished world out of the collector's reach
+        gc.collect()
+        counts = collections.Counter(type(o).__qualname__ for o in gc.garbage)
+    finally:
+        gc.set_debug(was)
+        gc.garbage.clear()
+    return counts, world
+
+
+def _base(duration_s: float):
+    cfg = copy.deepcopy(BASE)  # cancellations, disconnects and resumes, retries, patience, two models
+    cfg["fleet"]["traffic"]["duration_s"] = duration_s
+    return parse_scenario(cfg)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: _base(60),
+    lambda: load_scenario("scenarios/replica-crash.yaml", overrides=["fleet.traffic.duration_s=40"]),
+], ids=["chat-with-cancels-and-retries", "replica-crash"])
+def test_a_finished_turn_is_freed_without_the_cyclic_collector(make):
+    counts, world = _garbage_of(make())
+    assert len(world.rec.ev_t) > 1000, "the run should be busy enough to show a per-turn leak"
+    leaked = {k: v for k, v in counts.items() if k in PER_TURN}
+    assert not leaked, f"per-turn objects left to the cyclic collector: {leaked}"
