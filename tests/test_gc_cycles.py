@@ -26,13 +26,13 @@ PER_TURN = {"EngineRequest", "Stream", "QueueEntry", "RequestFacts", "TokenSeq",
 
 
 def _garbage_of(scenario) -> collections.Counter:
+    gc.unfreeze()  # worlds of earlier runs in this process (twin.runner freezes them), and their cycles
     gc.collect()
     was = gc.get_debug()
     gc.set_debug(gc.DEBUG_SAVEALL)  # keep what the collector frees in gc.garbage, to look at
     try:
         world = FleetWorld(scenario, seed=scenario.seed, replication=0)
         world.run(scenario.horizon_s)
-        gc.unfreeze()  # FleetWorld.run freezes the finished world out of the collector's reach
         gc.collect()
         counts = collections.Counter(type(o).__qualname__ for o in gc.garbage)
     finally:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import gc
 
 import simpy
 from simpy.events import URGENT
@@ -216,29 +215,11 @@ class FleetWorld:
 
     def run(self, horizon_s: float | None) -> None:
         self.start()
-        # A fleet run holds a large, growing live heap (the world, sessions in progress, turn records), so
-        # CPython's default thresholds run collections over it again and again: ~15% of a run's CPU at
-        # scale 0.02. A turn's own objects are no longer in reference cycles (Generations._submit), so they
-        # are freed by reference counting and collections during the run find next to nothing to free:
-        # they only walk what is alive. So the young generation may grow to a million objects (at scale
-        # 0.08 for 60 s no collection runs at all, against three at 100,000 costing ~5% of the run).
-        # Rarer collections for the run only (restored after) change nothing simulated; whatever cyclic
-        # garbage some path still makes waits a little longer.
-        thresholds = gc.get_threshold()
-        gc.set_threshold(1_000_000, 50, 1_000)
-        try:
-            if horizon_s is None:
-                self.env.run(until=self.done)
-            else:
-                self.env.run(until=simpy.AnyOf(self.env, [self.done, self.env.timeout(horizon_s)]))
-        finally:
-            # Up to a million young objects are alive now, nearly all of them the finished world, and the
-            # first allocation after the thresholds drop would walk every one of them to free nothing (~0.8
-            # CPU-s at scale 0.08 for 120 s). Freeze them out of the collector's reach instead; the next
-            # run_scenario in this process unfreezes them (twin.runner), so a sweep or the dashboard still
-            # gets a dropped world's cycles collected.
-            gc.freeze()
-            gc.set_threshold(*thresholds)
+        # The cyclic collector's settings for a run are the runner's (twin.runner._fleet_collector).
+        if horizon_s is None:
+            self.env.run(until=self.done)
+        else:
+            self.env.run(until=simpy.AnyOf(self.env, [self.done, self.env.timeout(horizon_s)]))
 
     # ---- regions and DNS ----------------------------------------------------------------------------
     def steer(self, home: str, allowed: list[str] | None) -> str | None:
