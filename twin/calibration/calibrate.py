@@ -49,20 +49,23 @@ from twin.calibration.server import (
     front_end_samples,
     reconstruct,
 )
-from twin.engine_profiles.fit import StepTimeFit, fit_step_time
 from twin.engine_profiles.profile import (
     EngineProfileSpec,
-    FitQuality,
     Hardware,
     MemoryAssumptions,
     ModelShape,
     Provenance,
-    RegimeFitQuality,
     ServerFrontEnd,
-    StepTimeCoefficients,
-    StepTimeNoise,
 )
-from twin.engine_profiles.profile import decode_batch_changed, step_time_model_of
+from twin.calibration.regimes import (
+    TRIM_FLOOR_RATIO,
+    TRIM_MADS,
+    FitOptions,
+    fit_quality,
+    predict_model_s,
+    robust_fit,
+    step_time_noise,
+)
 from twin.engine_profiles.step import StepShape
 from twin.replay import COMPOSITION, RecordedStepTimes, replay_scenario, request_specs
 from twin.runner import RunResult, run_scenario
@@ -159,22 +162,6 @@ def overhead_samples(rec: RecordedRun, result: RunResult, *, with_first: bool = 
     return (*out, (steps[0], t_end[steps[0]]) if steps else None)
 
 
-@dataclass(frozen=True)
-class FitOptions:
-    """Optional model terms of a fit; all off by default (docs/calibration.md, "Cross-validation", says how each
-    was judged). ``prefill_per_request``: a per-request column in the prefill regime
-    (``PrefillCoefficients.per_request_s``). ``first_step``: the extra time of a run's first step
-    (``StepTimeCoefficients.first_step_s``, and the server section's), with that step left out of the regimes.
-    ``decode_single_request`` / ``decode_context_sq`` / ``decode_batch_change``: the decode regime's optional columns
-    (``DecodeCoefficients.single_request_s`` / ``per_context_token_sq_s`` / ``batch_change_s``; ``fit_step_time``)."""
-
-    prefill_per_request: bool = False
-    first_step: bool = False
-    decode_single_request: bool = False
-    decode_context_sq: bool = False
-    decode_batch_change: bool = False
-
-
 @dataclass
 class RunSamples:
     path: Path
@@ -242,106 +229,6 @@ def memory_section(recs: Sequence[RecordedRun], shape: ModelShape, *, weight_dty
                f"{block_size} tokens; 'gpu_memory_bytes' = weights + that KV space, so derive_num_gpu_blocks gives "
                f"{blocks} back. Replays take block size and count from each run's run.json, not from here."))
     return hw, mem, f"{blocks} blocks x {block_size} tokens"
-
-
-TRIM_MADS = 3.0  # outlier threshold in scaled median absolute deviations of log(measured / fitted)
-TRIM_FLOOR_RATIO = 1.25  # never trim a step within this factor of the fit
-TRIM_ROUNDS = 5
-
-
-def _predict(coefficients: StepTimeCoefficients, shapes: Sequence[StepShape]) -> np.ndarray:
-    """Model-execution time of each step (the overhead left out). ``shapes`` are steps in run order (runs one after
-    the other: each starts with a prefill step, so the batch-change term never spans two runs)."""
-    model = step_time_model_of(coefficients)
-    out = np.array([model.step_time_s(s) for s in shapes]) - coefficients.overhead_s
-    if coefficients.decode.batch_change_s:
-        out = out + coefficients.decode.batch_change_s * decode_batch_changed(shapes)
-    return out
-
-
-def robust_fit(shapes: Sequence[StepShape], elapsed_s: np.ndarray, *, overhead_s: float,
-               prefill_per_request: bool = False, exclude: np.ndarray | None = None,
-               options: FitOptions | None = None) -> tuple[StepTimeFit, np.ndarray]:
-    """``fit_step_time`` on the recorded durations, refitted without outlier steps until the kept set is stable.
-
-    Returns the fit and the mask of steps it used. A step is an outlier when ``|log(measured / fitted)|``
-    is more than ``TRIM_MADS`` scaled MADs (and more than ``log(TRIM_FLOOR_RATIO)``) from its regime's
-    median; steps with a zero duration, and those ``exclude`` marks (a run's first step when ``first_step_s`` is
-    fitted), are never used. ``prefill_per_request``: ``fit_step_time``'s fifth prefill column; ``options`` (its
-    ``prefill_per_request`` counts too): the decode regime's optional columns, the batch-change flags taken over the
-    whole ``shapes`` sequence (runs in order).
-    """
-    elapsed_s = np.asarray(elapsed_s, dtype=np.float64)
-    decode = np.array([s.is_decode_only for s in shapes], dtype=bool)
-    usable = elapsed_s > 0
-    if exclude is not None:
-        usable &= ~exclude
-    keep = usable.copy()
-    opts = options or FitOptions()
-    changed = decode_batch_changed(shapes) if opts.decode_batch_change else None
-    fit = None
-    for _ in range(TRIM_ROUNDS):
-        idx = np.flatnonzero(keep)
-        fit = fit_step_time([shapes[i] for i in idx], elapsed_s[idx] + overhead_s, overhead_s=overhead_s,
-                            prefill_per_request=prefill_per_request or opts.prefill_per_request,
-                            decode_single_request=opts.decode_single_request,
-                            decode_context_sq=opts.decode_context_sq,
-                            decode_batch_changed=None if changed is None else changed[idx])
-        r = np.log(np.where(elapsed_s > 0, elapsed_s, np.nan) / _predict(fit.coefficients, shapes))
-        new_keep = usable.copy()
-        for regime in (decode, ~decode):
-            sel = regime & keep
-            med = np.median(r[sel])
-            thr = max(TRIM_MADS * 1.4826 * np.median(np.abs(r[sel] - med)), np.log(TRIM_FLOOR_RATIO))
-            new_keep &= ~regime | (np.abs(r - med) <= thr)
-        if np.array_equal(new_keep, keep):
-            break
-        keep = new_keep
-    assert fit is not None
-    return fit, keep
-
-
-def _quality(pred: np.ndarray, y: np.ndarray) -> RegimeFitQuality:
-    rel = np.abs(pred - y) / y
-    return RegimeFitQuality(num_samples=int(y.size), rmse_s=float(np.sqrt(np.mean((pred - y) ** 2))),
-                            mean_abs_rel_error=float(rel.mean()), max_abs_rel_error=float(rel.max()))
-
-
-def fit_quality(coefficients: StepTimeCoefficients, shapes: Sequence[StepShape], elapsed_s: np.ndarray, *,
-                target: str) -> FitQuality:
-    """Quality per regime on every recorded step with a positive duration (trimmed steps included); ``shapes`` are
-    every step, in run order (the batch-change term depends on it), zero-duration ones included."""
-    y = np.asarray(elapsed_s, dtype=np.float64)
-    pred = _predict(coefficients, shapes)
-    decode = np.array([s.is_decode_only for s in shapes], dtype=bool)
-    ok = y > 0
-    return FitQuality(target=target, decode=_quality(pred[decode & ok], y[decode & ok]),
-                      prefill=_quality(pred[~decode & ok], y[~decode & ok]))
-
-
-NOISE_PERCENTILES = np.arange(101)
-
-
-def step_time_noise(coefficients: StepTimeCoefficients, shapes: Sequence[StepShape], elapsed_s: np.ndarray,
-                    exclude: np.ndarray | None = None) -> StepTimeNoise:
-    """Percentiles 0..100 of ``measured / fitted`` model-execution time per regime, over every step with a
-    positive duration (the trimmed outliers included: real steps do stall, and a replay should see it), less
-    the steps ``exclude`` marks (first steps, when ``first_step_s`` models them)."""
-    y = np.asarray(elapsed_s, dtype=np.float64)
-    ratio = y / _predict(coefficients, shapes)
-    decode = np.array([s.is_decode_only for s in shapes], dtype=bool)
-    ok = (y > 0) & np.isfinite(ratio)
-    if exclude is not None:
-        ok &= ~exclude
-    q = {name: [round(float(v), 6) for v in np.percentile(ratio[sel & ok], NOISE_PERCENTILES)]
-         for name, sel in (("decode", decode), ("prefill", ~decode))}
-    counts = {"decode": int((decode & ok).sum()), "prefill": int((~decode & ok).sum())}
-    notes = "; ".join(
-        f"{name}: median {np.median(ratio[sel & ok]):.3f}, mean {np.mean(ratio[sel & ok]):.3f}, p10 {p[10]:.3f}, "
-        f"p90 {p[90]:.3f}, sigma(log) {np.std(np.log(ratio[sel & ok])):.3f}"
-        for (name, sel), p in zip((("decode", decode), ("prefill", ~decode)), (q["decode"], q["prefill"]), strict=True))
-    return StepTimeNoise(decode=q["decode"], prefill=q["prefill"], num_samples=counts,
-                         notes=f"measured / fitted model-execution time of the calibration steps: {notes}")
 
 
 @dataclass
@@ -423,7 +310,7 @@ def calibrate(run_dirs: Sequence[str | Path], *, name: str, command: str, genera
     coefficients = fit.coefficients
     first_note = ""
     if options.first_step:
-        excess = [first_step_excess_s(s.elapsed_s, float(_predict(coefficients, s.shapes[:1])[0]),
+        excess = [first_step_excess_s(s.elapsed_s, float(predict_model_s(coefficients, s.shapes[:1])[0]),
                                       first_token_s=s.first_token_end_s, token_step=s.first_token_step,
                                       fixed_s=np.full(s.elapsed_s.size, overhead_s))
                   for s in samples if s.first_token_step is not None and s.first_token_end_s is not None]
@@ -519,7 +406,7 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
             q = min(r.requests, key=lambda x: (x.arrival_s, x.request_id))
             assert q.token_times_s
             excess.append(first_step_excess_s(
-                s.elapsed_s, float(_predict(coefficients, s.shapes[:1])[0]),
+                s.elapsed_s, float(predict_model_s(coefficients, s.shapes[:1])[0]),
                 first_token_s=q.token_times_s[0] - arrival_s, token_step=int(s.token_steps[q.request_id][0]), fixed_s=base_s + per_chunk_s * s.chunks))
         coefficients = coefficients.model_copy(update={"first_step_s": fit_first_step_s(excess)})
         first_note = (f" first_step_s: median of the {len(excess)} runs' first-step excess "

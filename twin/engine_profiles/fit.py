@@ -50,7 +50,7 @@ def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return best
 
 
-def _quality(pred: np.ndarray, y: np.ndarray) -> RegimeFitQuality:
+def regime_quality(pred: np.ndarray, y: np.ndarray) -> RegimeFitQuality:
     rel = np.abs(pred - y) / y
     return RegimeFitQuality(
         num_samples=int(y.size),
@@ -67,7 +67,7 @@ def _fit_regime(features: np.ndarray, y: np.ndarray, name: str) -> tuple[np.ndar
         raise ValueError(f"{name}: step durations (after overhead) must be positive")
     w = 1.0 / y  # relative error
     x = nnls(features * w[:, None], y * w)
-    return x, _quality(features @ x, y)
+    return x, regime_quality(features @ x, y)
 
 
 def fit_step_time(
@@ -129,5 +129,5 @@ def fit_step_time(
 
     model = step_time_model_of(coefficients)
     pred_p = np.array([model.step_time_s(shapes[i]) for i in pre]) - ovh
-    qp = _quality(pred_p, y_all[pre])
+    qp = regime_quality(pred_p, y_all[pre])
     return StepTimeFit(coefficients=coefficients, decode_quality=qd, prefill_quality=qp)

@@ -1,0 +1,130 @@
+"""Fitting the step-time regimes of recorded runs: a robust (outlier-trimmed) fit, its quality, and the noise
+table of measured / fitted step times. Used by ``twin calibrate`` for the offline regimes and by the server
+front end's refit (``twin.calibration.calibrate``); docs/calibration.md, "What calibrate does"."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from twin.engine_profiles.fit import StepTimeFit, fit_step_time, regime_quality
+from twin.engine_profiles.profile import (
+    FitQuality,
+    StepTimeCoefficients,
+    StepTimeNoise,
+    decode_batch_changed,
+    step_time_model_of,
+)
+from twin.engine_profiles.step import StepShape
+
+
+@dataclass(frozen=True)
+class FitOptions:
+    """Optional model terms of a fit; all off by default (docs/calibration.md, "Cross-validation", says how each
+    was judged). ``prefill_per_request``: a per-request column in the prefill regime
+    (``PrefillCoefficients.per_request_s``). ``first_step``: the extra time of a run's first step
+    (``StepTimeCoefficients.first_step_s``, and the server section's), with that step left out of the regimes.
+    ``decode_single_request`` / ``decode_context_sq`` / ``decode_batch_change``: the decode regime's optional columns
+    (``DecodeCoefficients.single_request_s`` / ``per_context_token_sq_s`` / ``batch_change_s``; ``fit_step_time``)."""
+
+    prefill_per_request: bool = False
+    first_step: bool = False
+    decode_single_request: bool = False
+    decode_context_sq: bool = False
+    decode_batch_change: bool = False
+
+
+TRIM_MADS = 3.0  # outlier threshold in scaled median absolute deviations of log(measured / fitted)
+TRIM_FLOOR_RATIO = 1.25  # never trim a step within this factor of the fit
+TRIM_ROUNDS = 5
+
+
+def predict_model_s(coefficients: StepTimeCoefficients, shapes: Sequence[StepShape]) -> np.ndarray:
+    """Model-execution time of each step (the overhead left out). ``shapes`` are steps in run order (runs one after
+    the other: each starts with a prefill step, so the batch-change term never spans two runs)."""
+    model = step_time_model_of(coefficients)
+    out = np.array([model.step_time_s(s) for s in shapes]) - coefficients.overhead_s
+    if coefficients.decode.batch_change_s:
+        out = out + coefficients.decode.batch_change_s * decode_batch_changed(shapes)
+    return out
+
+
+def robust_fit(shapes: Sequence[StepShape], elapsed_s: np.ndarray, *, overhead_s: float,
+               prefill_per_request: bool = False, exclude: np.ndarray | None = None,
+               options: FitOptions | None = None) -> tuple[StepTimeFit, np.ndarray]:
+    """``fit_step_time`` on the recorded durations, refitted without outlier steps until the kept set is stable.
+
+    Returns the fit and the mask of steps it used. A step is an outlier when ``|log(measured / fitted)|``
+    is more than ``TRIM_MADS`` scaled MADs (and more than ``log(TRIM_FLOOR_RATIO)``) from its regime's
+    median; steps with a zero duration, and those ``exclude`` marks (a run's first step when ``first_step_s`` is
+    fitted), are never used. ``prefill_per_request``: ``fit_step_time``'s fifth prefill column; ``options`` (its
+    ``prefill_per_request`` counts too): the decode regime's optional columns, the batch-change flags taken over the
+    whole ``shapes`` sequence (runs in order).
+    """
+    elapsed_s = np.asarray(elapsed_s, dtype=np.float64)
+    decode = np.array([s.is_decode_only for s in shapes], dtype=bool)
+    usable = elapsed_s > 0
+    if exclude is not None:
+        usable &= ~exclude
+    keep = usable.copy()
+    opts = options or FitOptions()
+    changed = decode_batch_changed(shapes) if opts.decode_batch_change else None
+    fit = None
+    for _ in range(TRIM_ROUNDS):
+        idx = np.flatnonzero(keep)
+        fit = fit_step_time([shapes[i] for i in idx], elapsed_s[idx] + overhead_s, overhead_s=overhead_s,
+                            prefill_per_request=prefill_per_request or opts.prefill_per_request,
+                            decode_single_request=opts.decode_single_request,
+                            decode_context_sq=opts.decode_context_sq,
+                            decode_batch_changed=None if changed is None else changed[idx])
+        r = np.log(np.where(elapsed_s > 0, elapsed_s, np.nan) / predict_model_s(fit.coefficients, shapes))
+        new_keep = usable.copy()
+        for regime in (decode, ~decode):
+            sel = regime & keep
+            med = np.median(r[sel])
+            thr = max(TRIM_MADS * 1.4826 * np.median(np.abs(r[sel] - med)), np.log(TRIM_FLOOR_RATIO))
+            new_keep &= ~regime | (np.abs(r - med) <= thr)
+        if np.array_equal(new_keep, keep):
+            break
+        keep = new_keep
+    assert fit is not None
+    return fit, keep
+
+
+def fit_quality(coefficients: StepTimeCoefficients, shapes: Sequence[StepShape], elapsed_s: np.ndarray, *,
+                target: str) -> FitQuality:
+    """Quality per regime on every recorded step with a positive duration (trimmed steps included); ``shapes`` are
+    every step, in run order (the batch-change term depends on it), zero-duration ones included."""
+    y = np.asarray(elapsed_s, dtype=np.float64)
+    pred = predict_model_s(coefficients, shapes)
+    decode = np.array([s.is_decode_only for s in shapes], dtype=bool)
+    ok = y > 0
+    return FitQuality(target=target, decode=regime_quality(pred[decode & ok], y[decode & ok]),
+                      prefill=regime_quality(pred[~decode & ok], y[~decode & ok]))
+
+
+NOISE_PERCENTILES = np.arange(101)
+
+
+def step_time_noise(coefficients: StepTimeCoefficients, shapes: Sequence[StepShape], elapsed_s: np.ndarray,
+                    exclude: np.ndarray | None = None) -> StepTimeNoise:
+    """Percentiles 0..100 of ``measured / fitted`` model-execution time per regime, over every step with a
+    positive duration (the trimmed outliers included: real steps do stall, and a replay should see it), less
+    the steps ``exclude`` marks (first steps, when ``first_step_s`` models them)."""
+    y = np.asarray(elapsed_s, dtype=np.float64)
+    ratio = y / predict_model_s(coefficients, shapes)
+    decode = np.array([s.is_decode_only for s in shapes], dtype=bool)
+    ok = (y > 0) & np.isfinite(ratio)
+    if exclude is not None:
+        ok &= ~exclude
+    q = {name: [round(float(v), 6) for v in np.percentile(ratio[sel & ok], NOISE_PERCENTILES)]
+         for name, sel in (("decode", decode), ("prefill", ~decode))}
+    counts = {"decode": int((decode & ok).sum()), "prefill": int((~decode & ok).sum())}
+    notes = "; ".join(
+        f"{name}: median {np.median(ratio[sel & ok]):.3f}, mean {np.mean(ratio[sel & ok]):.3f}, p10 {p[10]:.3f}, "
+        f"p90 {p[90]:.3f}, sigma(log) {np.std(np.log(ratio[sel & ok])):.3f}"
+        for (name, sel), p in zip((("decode", decode), ("prefill", ~decode)), (q["decode"], q["prefill"]), strict=True))
+    return StepTimeNoise(decode=q["decode"], prefill=q["prefill"], num_samples=counts,
+                         notes=f"measured / fitted model-execution time of the calibration steps: {notes}")
