@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from twin.policies import AUTOSCALERS, BaseAutoscaler, ScalingDecision, ScalingSignals, build_autoscaler
-from twin.policies.autoscaling import BacklogAutoscaler, GpuUtilizationAutoscaler
+from twin.policies.autoscaling import BacklogAutoscaler, BacklogParams, GpuUtilizationAutoscaler, GpuUtilizationParams
 
 
 def sig(t: float, *, backlog: int = 0, eta: float = 0.0, ready: int = 1, prov: int = 0, util: float = 0.98,
@@ -164,3 +164,10 @@ def test_decisions_stay_within_bounds(backlog_tokens: int, drain: float, ready: 
         if d.remove:  # never removes below the floor
             assert total - d.remove >= lo
         assert 0.0 <= d.burst_share <= 0.5
+
+
+@pytest.mark.parametrize("params", [BacklogParams, GpuUtilizationParams])
+def test_min_replicas_above_max_is_refused_by_every_autoscaler(params):
+    with pytest.raises(ValueError, match=r"min_replicas \(5\) > max_replicas \(2\)"):
+        params(min_replicas=5, max_replicas=2)
+    assert params(min_replicas=2, max_replicas=2).max_replicas == 2

@@ -71,7 +71,15 @@ class ScalingDecision:
 
 
 class AutoscalerParams(PolicyParams):
-    """Base of every autoscaler's params: frozen, and a typo is an error."""
+    """Base of every autoscaler's params: frozen, and a typo is an error; ``min_replicas <= max_replicas`` where a
+    policy has both."""
+
+    @model_validator(mode="after")
+    def _replica_bounds(self) -> AutoscalerParams:
+        lo, hi = getattr(self, "min_replicas", None), getattr(self, "max_replicas", None)
+        if lo is not None and hi is not None and lo > hi:
+            raise ValueError(f"min_replicas ({lo}) > max_replicas ({hi})")
+        return self
 
 
 class BaseAutoscaler(MonotoneClock, PolicyBase[AutoscalerParams]):
@@ -109,12 +117,6 @@ class BacklogParams(AutoscalerParams):
     cooldown_s: float = Field(300.0, ge=0.0, description="between a scaling action and a scale-down")
     burst_when_capped: bool = Field(True, description="send the excess to the external API at the cap")
     burst_max_share: float = Field(0.5, ge=0.0, le=1.0, description="most new traffic ever burst out")
-
-    @model_validator(mode="after")
-    def _bounds(self) -> BacklogParams:
-        if self.min_replicas > self.max_replicas:
-            raise ValueError(f"min_replicas ({self.min_replicas}) > max_replicas ({self.max_replicas})")
-        return self
 
 
 @AUTOSCALERS.register("backlog")
@@ -179,12 +181,6 @@ class GpuUtilizationParams(AutoscalerParams):
     max_replicas: int = Field(64, ge=1)
     min_replicas: int = Field(1, ge=0)
     cooldown_s: float = Field(300.0, ge=0.0, description="between two scaling actions")
-
-    @model_validator(mode="after")
-    def _bounds(self) -> GpuUtilizationParams:
-        if self.min_replicas > self.max_replicas:
-            raise ValueError(f"min_replicas ({self.min_replicas}) > max_replicas ({self.max_replicas})")
-        return self
 
 
 @AUTOSCALERS.register("gpu_utilization")
