@@ -7,11 +7,13 @@ import copy
 import io
 
 import pyarrow.parquet as pq
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from twin.models.population import sessions
 from twin.runner import run_scenario
-from twin.scenario import parse_scenario
+from twin.scenario import ScenarioError, parse_scenario
 
 BASE = {
     "name": "fleet-test", "seed": 1,
@@ -144,3 +146,24 @@ def test_multi_turn_history_hits_the_prefix_cache_under_session_affinity():
     req = res.tables["requests"].to_pydict()
     follow = [c for k, c in zip(req["klass"], req["num_cached_tokens"]) if k == "followup" and c is not None]
     assert follow and sum(follow) / len(follow) > 500  # history (and system prompt) come back from cache
+
+
+def test_fleet_scale_above_one_grows_nodes_and_turns_together():
+    """``fleet.scale`` 2 (the speed benchmark's bigger fleets): twice the nodes of every pool and about twice the
+    sessions of scale 1; above the documented cap the scenario is refused, naming the field."""
+    small = run_scenario(scenario(**{"traffic.duration_s": 5}))
+    big_raw = copy.deepcopy(BASE)
+    big_raw["fleet"]["scale"] = 2.0
+    big_raw["fleet"]["traffic"]["duration_s"] = 5
+    big = run_scenario(parse_scenario(big_raw))
+    assert small.ok and big.ok
+    assert big.summary["fleet"]["replicas"] == 2 * small.summary["fleet"]["replicas"] > 0
+    sc = parse_scenario(big_raw)
+    traffic = sc.fleet.traffic.model_copy(update={"duration_s": 3600.0})
+    n1 = len(sessions(traffic, sc.fleet.topology, seed=1, replication=0, scale=1.0))
+    n2 = len(sessions(traffic, sc.fleet.topology, seed=1, replication=0, scale=2.0))
+    assert n1 > 1000 and 1.9 < n2 / n1 < 2.1, (n1, n2)
+    bad = copy.deepcopy(BASE)
+    bad["fleet"]["scale"] = 17.0
+    with pytest.raises(ScenarioError, match="scale"):
+        parse_scenario(bad)

@@ -262,7 +262,9 @@ class DisaggregationConfig(_Model):
 
 
 class FleetSection(_Model):
-    scale: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0  # scales node counts (rounded, >= 1) and traffic together
+    # scales node counts (rounded, >= 1) and traffic together; above 1.0 a bigger fleet and population than
+    # written (the speed benchmark's 4x case), capped where one process's memory would not hold it anyway
+    scale: Annotated[float, Field(gt=0.0, le=16.0)] = 1.0
     topology: TopologyConfig
     models: dict[str, ModelTierConfig]
     traffic: Traffic = PopulationTraffic()
