@@ -14,13 +14,15 @@ from twin.calibration.fidelity import fidelity
 from twin.engine_profiles import load_profile
 
 QUIET = Path(__file__).resolve().parent / "fixtures" / "calibration" / "cpu-tiny-llama-quiet"
+QUIET2 = QUIET.parent / "cpu-tiny-llama-quiet2"  # the same command, a second quiet session ~3.5 hours later
 
 
-def test_the_committed_profile_is_the_fit_of_the_committed_sweep() -> None:
-    runs = sorted(p for p in (QUIET / "calibration").iterdir() if (p / "run.json").exists())
+@pytest.mark.parametrize("root", [QUIET, QUIET2], ids=["quiet", "quiet2"])
+def test_the_committed_profile_is_the_fit_of_the_committed_sweep(root: Path) -> None:
+    runs = sorted(p for p in (root / "calibration").iterdir() if (p / "run.json").exists())
     assert len(runs) == 9
     refit = calibrate(runs, name="cpu-tiny-llama", command="test").spec
-    committed = load_profile(str(QUIET / "cpu-tiny-llama.yaml")).spec
+    committed = load_profile(str(root / "cpu-tiny-llama.yaml")).spec
     for regime in ("decode", "prefill"):
         for k, v in getattr(refit.step_time, regime).model_dump().items():
             assert getattr(getattr(committed.step_time, regime), k) == pytest.approx(v, rel=1e-9, abs=1e-15)
@@ -32,13 +34,16 @@ def test_the_committed_profile_is_the_fit_of_the_committed_sweep() -> None:
     assert committed.server.step_time_noise == refit.server.step_time_noise
 
 
-def _check_table(report: dict, committed: dict, *, committed_root: str = "cpu-tiny-llama/") -> None:
-    """``committed_root``: what precedes ``held-out*/RUN`` in the committed run paths (the two-repeat tables were
-    written by scripts/calibrate-cpu.sh under runs/calibrate-cpu/cpu-tiny-llama/, later ones from the fixtures)."""
+def _held_out_key(run: str) -> str:
+    """``held-out*/RUN`` of a run path, wherever the table was written from (the two-repeat tables by
+    scripts/calibrate-cpu.sh under runs/calibrate-cpu/cpu-tiny-llama/, later ones from the fixtures)."""
+    return "held-out" + run.split("/held-out", 1)[1]
+
+
+def _check_table(report: dict, committed: dict) -> None:
     assert report["summary"] == committed["summary"]
-    got = {(r["run"].split("cpu-tiny-llama-quiet/")[-1], k): (i["pass"], i["twin"])
-           for r in report["runs"] for k, i in r["items"].items()}
-    want = {(r["run"].split(committed_root)[-1], k): (i["pass"], i["twin"])
+    got = {(_held_out_key(r["run"]), k): (i["pass"], i["twin"]) for r in report["runs"] for k, i in r["items"].items()}
+    want = {(_held_out_key(r["run"]), k): (i["pass"], i["twin"])
             for r in committed["runs"] for k, i in r["items"].items()}
     assert set(got) == set(want)
     for key, (ok, twin) in want.items():
@@ -52,6 +57,23 @@ def test_the_committed_fidelity_table_is_what_fidelity_gives() -> None:
     report = fidelity(runs, profile=str(QUIET / "cpu-tiny-llama.yaml"), noise=False)
     committed = json.loads((QUIET / "fidelity-held-out.json").read_text())
     assert committed["summary"]["passed"] == 47 and committed["summary"]["items"] == 84
+    _check_table(report, committed)
+
+
+@pytest.mark.parametrize(("noise", "name", "passed", "latency_passed"), [
+    (None, "fidelity-held-out.json", 124, 55), (False, "fidelity-held-out-no-noise.json", 94, 38)])
+def test_the_second_quiet_session_tables_are_what_fidelity_gives(noise: bool | None, name: str, passed: int,
+                                                                 latency_passed: int) -> None:
+    """The second quiet set: four repeats recorded back to back after its own sweep (SOURCES.md there); the totals
+    docs/calibration.md quotes, and every item's verdict and twin value."""
+    runs = sorted(p for rep in ("held-out", "held-out-repeat2", "held-out-repeat3", "held-out-repeat4")
+                  for p in (QUIET2 / rep).iterdir())
+    assert len(runs) == 12
+    report = fidelity(runs, profile=str(QUIET2 / "cpu-tiny-llama.yaml"), **({} if noise is None else {"noise": noise}))
+    committed = json.loads((QUIET2 / name).read_text())
+    assert committed["summary"]["passed"] == passed and committed["summary"]["items"] == 168
+    latency = ("ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s", "e2e_p50_s", "e2e_p90_s")
+    assert sum(r["items"][k]["pass"] for r in report["runs"] for k in latency) == latency_passed
     _check_table(report, committed)
 
 
@@ -76,7 +98,7 @@ def test_the_four_repeat_table_is_what_fidelity_gives_with_the_documented_spread
     report = fidelity(runs, profile=str(QUIET / "cpu-tiny-llama.yaml"), noise=False)
     committed = json.loads((QUIET / "fidelity-held-out-4-repeats.json").read_text())
     assert committed["summary"]["passed"] == 137 and committed["summary"]["items"] == 168
-    _check_table(report, committed, committed_root="cpu-tiny-llama-quiet/")
+    _check_table(report, committed)
     by_workload: dict[str, list[dict]] = {}
     for r in report["runs"]:
         assert r["repeats"] == 4
