@@ -38,7 +38,7 @@ class GroupPath:
         n = grp.n
         s = grp.steps + 1
         due = grp.take_sched(s)
-        per = grp.take_per(s, s, True) if grp.per else ()  # one block each (see DecodeGroup)
+        per = grp.take_per(s, s, True) if grp.n_per else ()  # one block each (see DecodeGroup)
         if not due and not per:
             if n > budget:
                 self._g_dissolve()
@@ -202,6 +202,7 @@ class GroupPath:
         if self.itl_groups is not None:
             del grp.codes[idx]
         grp.n -= 1
+        grp.drop_per(r)
         r.g_ver = None
         r._grp = None
         self._g_write_out(r)
@@ -212,12 +213,14 @@ class GroupPath:
         for r in self.running[:grp.n]:
             grp.materialise(r)
             r.g_ver = None
+            r.g_pl = None
             r._grp = None
             self._g_write_out(r)
-        grp.n = grp.csum = grp.infl = 0
+        grp.n = grp.csum = grp.infl = grp.n_per = 0
         grp.hist = [0] * grp.bs
         grp.sched.clear()
-        grp.per.clear()
+        for lst in grp.per:
+            lst.clear()
         grp.scur = grp.steps
         grp.cheap.clear()
         del grp.codes[:]
@@ -245,7 +248,7 @@ class GroupPath:
         bs, mml, caching = grp.bs, grp.mml, kv.caching
         due = grp.take_sched(sm)  # in running order: one call per request, as the per-request loop makes
         per = ()
-        if grp.per:
+        if grp.n_per:
             if m - 1 <= bs:  # each deferred member's block step in S + 2 .. sm is its only one: one block each
                 per = grp.take_per(S + 2, sm, True)
             else:  # (a long run: the general path below)
