@@ -168,9 +168,12 @@ class BlockPool(LazyIndex):
         return hits
 
     # ---- allocation ---------------------------------------------------------------------------
-    def _pop_free(self, n: int, out: list[int]) -> None:
-        """Pop ``n`` blocks off the free queue (head, then never-used blocks, then tail) into ``out``."""
+    def _pop_free(self, n: int, out: list[int], keep: int = 0) -> None:
+        """Pop ``n`` blocks off the free queue (head, then never-used blocks, then tail) into ``out``. ``keep``:
+        the caller registers the first ``keep`` of them at once (admission), so the bulk path need not clear
+        their hashes (nothing reads a held block's hash before its registration overwrites it)."""
         head, bhash, st = self.head, self.bhash, self.st
+        keep -= n  # (minus the blocks left to pop: > 0 for those the caller overwrites)
         while n and head:
             b, _ = head.popitem(last=False)
             h = bhash[b]
@@ -202,7 +205,7 @@ class BlockPool(LazyIndex):
                 # (one ``live`` update per run instead of per block). Entries are compared by identity (_Lazy
                 # has no __eq__); runs keep the blocks' order, so entries drop in the order they would one by one.
                 hs = itemgetter(*blk)(bhash) if n > 1 else (bhash[blk[0]],)
-                for b in blk:  # (st keeps the consumed position: held by one, see __init__)
+                for b in (blk[keep + n:] if keep + n > 0 else blk):  # (st keeps the consumed position: see __init__)
                     bhash[b] = None
                 for h, run in groupby(hs):
                     if h is None:
@@ -309,8 +312,8 @@ class BlockPool(LazyIndex):
             self._maybe_compact()
         blocks = req.blocks
         req.num_cached_blocks = nh
-        if new > 0:
-            self._pop_free(new, blocks)
+        if new > 0:  # (_cache registers blocks nh .. full - 1 right after the pop: see _pop_free's ``keep``)
+            self._pop_free(new, blocks, (min(h_tokens + n, req.seq.num_tokens) // bs - nh) if self.caching else 0)
         self._cache(req, h_tokens + n)
         return True
 
