@@ -21,6 +21,10 @@ if TYPE_CHECKING:
 _by_adm = attrgetter("adm")
 
 
+def _pair_adm(p: tuple[EngineRequest, int]) -> int:
+    return p[0].adm
+
+
 class GroupPath:
     """``Engine``'s decode-group methods (see the module docstring)."""
 
@@ -34,7 +38,7 @@ class GroupPath:
         n = grp.n
         s = grp.steps + 1
         due = grp.take_sched(s)
-        per = grp.take_per(s, s, True) if grp.per else ()  # one block each (see DecodeGroup)
+        per = grp.take_per(s, s, True) if grp.n_per else ()  # one block each (see DecodeGroup)
         if not due and not per:
             if n > budget:
                 self._g_dissolve()
@@ -66,7 +70,7 @@ class GroupPath:
             else:
                 push(r, s + 1 if q == bs1 else s + bs1 - q)
         if grow:
-            self._g_grow(sorted(grow + per, key=_by_adm) if per else grow, 1)
+            self._g_grow(grow, per, 1)
         elif per:
             self._g_deal(per)
         for r in reg:  # after every allocation (see _g_grow)
@@ -80,13 +84,16 @@ class GroupPath:
         for r, b in zip(per, got):
             r.blocks.append(b)
 
-    def _g_grow(self, grow: list[EngineRequest], m: int) -> None:
-        """The blocks that members ``grow`` (in running order) need for the tokens of group steps up to
-        ``steps + m`` (the blocks only: a member's registration is deferred, ``kv.pend``). One pop off the free
-        queue for all of them, dealt out in order: the same blocks sequential allocations would take. The
-        callers register the few blocks due on time (those starting in the prompt) after it, not between
-        allocations: the same maps, as an eviction and a registration commute (evicting a hash promotes its
-        earliest duplicate, which is where a registration after the eviction puts the new block)."""
+    def _g_grow(self, grow: list[EngineRequest], per, m: int) -> None:
+        """The blocks that members ``grow`` need for the tokens of group steps up to ``steps + m``, and one block
+        each for the deferred members ``per`` whose block step falls in those steps (each list in running order;
+        the blocks only: a member's registration is deferred, ``kv.pend``). One pop off the free queue for all of
+        them, dealt out in running order: the same blocks sequential allocations would take. Only ``grow``'s needs
+        are computed: a member of ``per`` needs exactly one (its block step is its only one in the steps; the
+        run or step stops before ``max_model_len``), and ``per`` is most of the members touched. The callers
+        register the few blocks due on time (those starting in the prompt) after it, not between allocations:
+        the same maps, as an eviction and a registration commute (evicting a hash promotes its earliest
+        duplicate, which is where a registration after the eviction puts the new block)."""
         kv, grp = self.kv, self.grp
         bs, mml, S = grp.bs, grp.mml, grp.steps
         needs = []
@@ -96,18 +103,20 @@ class GroupPath:
             k = -(-(ca if ca < mml else mml) // bs) - len(r.blocks)
             needs.append(k)
             total += k
+        one_each = total == len(grow)  # (every need is at least one)
+        total += len(per)
         assert total <= kv.num_free, "counted against num_free (a step) or guaranteed by max_decode_run (a run)"
         got: list[int] = []
         kv._pop_free(total, got)
-        if total == len(grow):  # one block each (the usual case)
-            for r, b in zip(grow, got):
+        if one_each:  # one block each (the usual case)
+            for r, b in zip(sorted(grow + per, key=_by_adm) if per else grow, got):
                 r.blocks.append(b)
         else:
+            pairs = sorted([*zip(grow, needs), *((r, 1) for r in per)], key=_pair_adm) if per else zip(grow, needs)
             j = 0
-            for r, k in zip(grow, needs):
-                if k > 0:
-                    r.blocks.extend(got[j:j + k])
-                    j += k
+            for r, k in pairs:
+                r.blocks.extend(got[j:j + k])
+                j += k
 
     def _g_step(self, step: Step, n: int) -> int:
         """The group's ``n`` members into ``step``, one token each."""
@@ -193,6 +202,7 @@ class GroupPath:
         if self.itl_groups is not None:
             del grp.codes[idx]
         grp.n -= 1
+        grp.drop_per(r)
         r.g_ver = None
         r._grp = None
         self._g_write_out(r)
@@ -203,12 +213,14 @@ class GroupPath:
         for r in self.running[:grp.n]:
             grp.materialise(r)
             r.g_ver = None
+            r.g_pl = None
             r._grp = None
             self._g_write_out(r)
-        grp.n = grp.csum = grp.infl = 0
+        grp.n = grp.csum = grp.infl = grp.n_per = 0
         grp.hist = [0] * grp.bs
         grp.sched.clear()
-        grp.per.clear()
+        for lst in grp.per:
+            lst.clear()
         grp.scur = grp.steps
         grp.cheap.clear()
         del grp.codes[:]
@@ -236,7 +248,7 @@ class GroupPath:
         bs, mml, caching = grp.bs, grp.mml, kv.caching
         due = grp.take_sched(sm)  # in running order: one call per request, as the per-request loop makes
         per = ()
-        if grp.per:
+        if grp.n_per:
             if m - 1 <= bs:  # each deferred member's block step in S + 2 .. sm is its only one: one block each
                 per = grp.take_per(S + 2, sm, True)
             else:  # (a long run: the general path below)
@@ -256,7 +268,7 @@ class GroupPath:
             else:
                 push(r, sm + 1 if qa == 0 else sm + bs - qa)
         if grow:
-            self._g_grow(sorted(grow + per, key=_by_adm) if per else grow, m)
+            self._g_grow(grow, per, m)
         elif per:
             self._g_deal(per)
         for r in reg:  # after every allocation (see _g_grow)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import heapq
 from array import array
+from bisect import insort
 from collections import deque
+from itertools import chain
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -130,12 +132,13 @@ class DecodeGroup:
     ``scur``), and complete-time ones (it finishes, or reaches a watched output count), kept in a heap keyed
     by group step; both are taken in admission order (= running order) within a step. A member whose
     registration is deferred (``kv.pend``) is touched only to get a block, one every ``bs`` steps: its
-    touches are in ``per``, whose buckets move on by ``bs`` steps whole (no per-member push). ``EngineRequest.num_output``
-    reads through the offsets, so a member's count is right whenever it is read.
+    touches are in ``per``, a ring of ``bs`` lists where an entry stays between touches (no per-member push)
+    and is taken out when its member leaves. ``EngineRequest.num_output`` reads through the offsets, so a
+    member's count is right whenever it is read.
     """
 
-    __slots__ = ("bs", "mml", "steps", "last_s", "n", "csum", "codes", "hist", "sched", "per", "scur", "cheap",
-                 "ver", "infl", "epoch")
+    __slots__ = ("bs", "mml", "steps", "last_s", "n", "csum", "codes", "hist", "sched", "per", "n_per", "scur",
+                 "cheap", "ver", "infl", "epoch")
 
     def __init__(self, block_size: int, max_model_len: int) -> None:
         self.bs = block_size
@@ -149,7 +152,13 @@ class DecodeGroup:
         # schedule-time touches: step -> [(adm, ver, r)] (buckets, not a heap: a touch recurs every block, so
         # the heap's ordered pushes and pops were most of a touch's cost); steps <= scur are taken
         self.sched: dict[int, list[tuple[int, int, EngineRequest]]] = {}
-        self.per: dict[int, list[tuple[int, int, EngineRequest]]] = {}  # the same for deferred members' blocks
+        # deferred members' block touches, one every ``bs`` steps: a ring of ``bs`` lists by step mod bs, each in
+        # admission order, an entry (adm, r) staying put between its touches; a member's entry is taken out when
+        # it leaves (``drop_per``), so no entry is ever stale (the per-step buckets this replaces moved on every
+        # step and were filtered for members that had left; every push falls within the next ``bs`` steps, so a
+        # slot stands for exactly one pending step)
+        self.per: list[list[tuple[int, EngineRequest]]] = [[] for _ in range(block_size)]
+        self.n_per = 0  # entries in ``per``
         self.scur = 0
         self.cheap: list[tuple[int, int, int, EngineRequest]] = []  # (step, adm, ver, r) complete-time touches
         self.ver = 0  # join counter: a heap entry is live iff its ver is its request's g_ver
@@ -170,35 +179,47 @@ class DecodeGroup:
             lst.append((r.adm, r.g_ver, r))
 
     def push_per(self, r: EngineRequest, s: int) -> None:
-        lst = self.per.get(s)
-        if lst is None:
-            self.per[s] = [(r.adm, r.g_ver, r)]
+        """``r``'s next block touch at group step ``s`` (at most ``bs`` steps after the next step taken)."""
+        lst = self.per[s % self.bs]
+        e = (r.adm, r)
+        if not lst or lst[-1][0] < r.adm:
+            lst.append(e)  # (the usual case: a member that has just joined comes last in admission order)
         else:
-            lst.append((r.adm, r.g_ver, r))
+            insort(lst, e)  # (adm is unique among members, so r itself is never compared)
+        r.g_pl = lst
+        self.n_per += 1
+
+    def drop_per(self, r: EngineRequest) -> None:
+        """A member that leaves: its block touch out of ``per``."""
+        lst = r.g_pl
+        if lst is not None:
+            lst.remove((r.adm, r))
+            r.g_pl = None
+            self.n_per -= 1
 
     def take_per(self, s0: int, s1: int, move: bool) -> list[EngineRequest]:
-        """Live block touches of deferred members at group steps ``s0 .. s1``, in admission order. With
-        ``move`` each step's bucket goes on to its next block step, ``bs`` later (callers pass ``move`` only
-        when that is after ``s1``: each member then gets exactly one block in ``s0 .. s1``)."""
+        """Block touches of deferred members at group steps ``s0 .. s1``, in admission order. With ``move`` the
+        entries stay for their next block step, ``bs`` later (callers pass ``move`` only when that is after
+        ``s1``: each member then gets exactly one block in ``s0 .. s1``); without, they are taken out."""
         per, bs = self.per, self.bs
-        out: list[tuple[int, int, EngineRequest]] = []
-        for t in range(s0, s1 + 1):
-            lst = per.pop(t, None)
-            if lst is None:
-                continue
-            lst = [e for e in lst if e[2].g_ver == e[1]]  # members that left drop out here
-            if not lst:
-                continue
-            out += lst
-            if move:
-                nxt = per.get(t + bs)
-                if nxt is None:
-                    per[t + bs] = lst
-                else:
-                    nxt += lst
-        if len(out) > 1:
-            out.sort()  # (adm, ver): adm first; equal adm (a member that left and rejoined) differs in ver
-        return [e[2] for e in out]
+        if move:
+            if s0 == s1:  # (one step: one slot, already in admission order)
+                return [e[1] for e in per[s0 % bs]]
+            lists = [lst for t in range(s0, s1 + 1) if (lst := per[t % bs])]
+            if len(lists) == 1:
+                return [e[1] for e in lists[0]]
+            return [e[1] for e in sorted(chain.from_iterable(lists))]
+        out: list[tuple[int, EngineRequest]] = []
+        for t in range(s0, min(s1, s0 + bs - 1) + 1):
+            lst = per[t % bs]
+            if lst:
+                out += lst
+                for e in lst:
+                    e[1].g_pl = None
+                self.n_per -= len(lst)
+                lst.clear()
+        out.sort()
+        return [e[1] for e in out]
 
     def take_sched(self, s: int) -> list[EngineRequest]:
         """Live schedule-time touches of group steps ``scur + 1 .. s``, in admission order (= running order;

@@ -18,6 +18,7 @@ from twin.engine_profiles.step import StepTimeModel
 from twin.models.engine import Engine, Step
 from twin.models.recorder import Recorder
 from twin.models.request import EngineRequest, Status
+from twin.models.waits import first_of
 
 
 class Replica:
@@ -173,7 +174,8 @@ class Replica:
         ends = [t0 + s for s in accumulate(durs)]
         end = ends[-1]
         self._wake = env.event()
-        yield env.timeout(end - t0) | self._wake
+        # ``timeout | wake`` without a Condition (one per run): resumes at the same place in the event order
+        yield first_of(env, env.timeout(end - t0), self._wake)
         m = k
         if env.now < end:  # cut by an arrival or abort: finish the step in flight
             j = bisect_right(ends, env.now)

@@ -27,7 +27,7 @@ class EngineRequest:
         "priority", "num_computed", "_nout", "blocks", "num_cached_blocks", "status",
         "num_preemptions", "num_cached_tokens", "first_scheduled_s", "first_token_s", "last_token_s",
         "finish_s", "finished_reason", "token_times", "on_tokens", "on_finished", "tag", "watch_output", "group",
-        "kv_preloaded", "adm", "g_ver", "g_base", "_grp", "kv_entry",
+        "kv_preloaded", "adm", "g_ver", "g_base", "_grp", "kv_entry", "g_pl",
     )
 
     def __init__(
@@ -75,6 +75,7 @@ class EngineRequest:
         self.g_ver: int | None = None
         self.g_base = 0
         self._grp = None
+        self.g_pl = None  # the decode group's ``per`` list holding this member's next block touch, if any
         self.kv_entry = None  # the block pool's newest lazy registration of this request's blocks (kv_lazy._Lazy)
 
     @property
