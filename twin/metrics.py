@@ -63,6 +63,7 @@ def distribution(values, weights=None) -> dict[str, float | int]:
 # ---- quantiles of a sample held in parts ------------------------------------------------------------
 
 _BUCKET_BITS = 16
+_SUB_BITS = 12  # a second level inside a wanted bucket: only the values of one sub-bucket are collected
 _SIGN = np.uint64(1 << 63)
 
 
@@ -86,10 +87,12 @@ def grouped_weighted_quantiles(parts, n_groups: int, qs: tuple[float, ...]) -> l
 
     Why: a fleet's inter-token gaps are ~300 M weighted values at full scale; sorting them needs an index
     and sorted copies (~24 bytes a value). Here a first pass histograms the weight by the top 16 bits of
-    each value's order key, which locates each quantile's bucket; a second pass takes out only those
-    buckets, which are sorted. The answer is the smallest value whose cumulative weight reaches
-    ``q * total`` (as ``weighted_quantiles``' search finds it); weights are whole numbers, so the weight
-    sums are exact in any order."""
+    each value's order key, which locates each quantile's bucket; a second pass histograms the next 12
+    bits inside those buckets, which locates its sub-bucket; a third takes out only those sub-buckets'
+    distinct values with their summed weights, which are sorted. (Taking out whole 16-bit buckets, as
+    this did before, held ~12 bytes a gap at the end of a fleet run: gaps cluster in a few buckets.) The
+    answer is the smallest value whose cumulative weight reaches ``q * total`` (as ``weighted_quantiles``'
+    search finds it); weights are whole numbers, so the weight sums are exact in any order."""
     bins = 1 << _BUCKET_BITS
     shift = np.uint64(64 - _BUCKET_BITS)
     hist_w = np.zeros(n_groups * bins, dtype=np.float64)
@@ -121,29 +124,80 @@ def grouped_weighted_quantiles(parts, n_groups: int, qs: tuple[float, ...]) -> l
             row.append((d, float(cum[d] - hw[d]), target))
         wanted.append(row)
     buckets = sorted({(s, x[0]) for s, row in enumerate(wanted) for x in row if x is not None})
-    keys: dict[tuple[int, int], list] = {b: [] for b in buckets}
-    wts: dict[tuple[int, int], list] = {b: [] for b in buckets}
-    for v, w, g in parts():
-        if v.size == 0:
-            continue
-        k = _order_keys(v)
-        top = (k >> shift).astype(np.int64)
-        for s, d in buckets:
-            sel = top == d if s == 0 else (top == d) & (np.asarray(g) == s - 1)
-            keys[(s, d)].append(k[sel])
-            wts[(s, d)].append(np.asarray(w, dtype=np.float64)[sel])
-    out = []
+    # Second pass: within each wanted bucket, the weight by the next _SUB_BITS bits of the key, which
+    # locates each quantile's sub-bucket (weights are whole numbers: every sum below is exact).
+    sub_bins = 1 << _SUB_BITS
+    sub_shift, sub_mask = np.uint64(64 - _BUCKET_BITS - _SUB_BITS), np.uint64(sub_bins - 1)
+    sub_w = {b: np.zeros(sub_bins, dtype=np.float64) for b in buckets}
+    sub_n = {b: np.zeros(sub_bins, dtype=np.int64) for b in buckets}
+    for k, w, sel_of in _bucket_parts(parts, buckets, shift):
+        for b, sel in sel_of:
+            sub = ((k[sel] >> sub_shift) & sub_mask).astype(np.int64)
+            sub_w[b] += np.bincount(sub, weights=w[sel], minlength=sub_bins)
+            sub_n[b] += np.bincount(sub, minlength=sub_bins)
+    final: list[list[tuple[tuple[int, int, int], float, float] | None]] = []
     for s, row in enumerate(wanted):
+        out_row = []
+        for x in row:
+            if x is None:
+                out_row.append(None)
+                continue
+            d, below, target = x
+            hw, nonempty = sub_w[(s, d)], np.flatnonzero(sub_n[(s, d)])
+            cum = np.cumsum(hw) + below
+            reach = nonempty[cum[nonempty] >= target]
+            d2 = int(reach[0]) if reach.size else int(nonempty[-1])  # none reach: the largest value
+            out_row.append(((s, d, d2), float(cum[d2] - hw[d2]), target))
+        final.append(out_row)
+    # Third pass: the distinct keys of each wanted sub-bucket and their weights. Equal values (gaps repeat)
+    # are merged: the answer is a value, and the first merged key whose cumulative weight reaches the
+    # target is the value of the first single one that does.
+    cells = sorted({x[0] for row in final for x in row if x is not None})
+    got: dict[tuple[int, int, int], tuple[list, list]] = {c: ([], []) for c in cells}
+    for k, w, sel_of in _bucket_parts(parts, buckets, shift):
+        by_bucket = dict(sel_of)
+        for s, d, d2 in cells:
+            sel = by_bucket.get((s, d))
+            if sel is None:
+                continue
+            kk = k[sel]
+            inner = ((kk >> sub_shift) & sub_mask) == np.uint64(d2)
+            keys, inv = np.unique(kk[inner], return_inverse=True)
+            got[(s, d, d2)][0].append(keys)
+            got[(s, d, d2)][1].append(np.bincount(inv, weights=w[sel][inner], minlength=keys.size))
+    out = []
+    for row in final:
         vals = []
         for x in row:
             if x is None:
                 vals.append(float("nan"))
                 continue
-            d, below, target = x
-            kb, wb = np.concatenate(keys[(s, d)]), np.concatenate(wts[(s, d)])
-            order = np.argsort(kb, kind="stable")
-            cw = np.cumsum(wb[order]) + below
+            cell, below, target = x
+            keys, inv = np.unique(np.concatenate(got[cell][0]), return_inverse=True)
+            wts = np.bincount(inv, weights=np.concatenate(got[cell][1]), minlength=keys.size)
+            cw = np.cumsum(wts) + below
             idx = int(np.searchsorted(cw, target, side="left"))
-            vals.append(_key_value(int(kb[order[min(idx, kb.size - 1)]])))
+            vals.append(_key_value(int(keys[min(idx, keys.size - 1)])))
         out.append(vals)
     return out
+
+
+def _bucket_parts(parts, buckets: list[tuple[int, int]], shift: np.uint64):
+    """Per part with values: its order keys, its weights as floats, and for each wanted (sample, bucket)
+    that holds some of its values the mask selecting them (sample 0 is the whole, s > 0 group s - 1)."""
+    for v, w, g in parts():
+        if v.size == 0:
+            continue
+        k = _order_keys(v)
+        top = (k >> shift).astype(np.int64)
+        g = np.asarray(g)
+        in_d: dict[int, np.ndarray] = {}
+        sel_of = []
+        for s, d in buckets:
+            m = in_d.get(d)
+            if m is None:
+                m = in_d[d] = top == d
+            sel = m if s == 0 else m & (g == s - 1)
+            if sel.any():
+                sel_of.append(((s, d), sel))
+        yield k, np.asarray(w, dtype=np.float64), sel_of

@@ -71,6 +71,19 @@ class ConversationService:
         if rec.state == "in_progress":
             rec.state = "failed"
 
+    # ---- forgetting what no one will ask for again ----------------------------------------------
+    # A fleet run simulates millions of turns: a record kept after its turn (~180 bytes with its waiter
+    # list) and a history kept after its session (~110 bytes a turn, plus two segment hashes) were memory
+    # no one read again. The client calls these when it is done with a key or a session: it never sends
+    # that key or that session's turns again, so nothing observable changes.
+    def end_turn(self, key: str) -> None:
+        """The client will send no further attempt under ``key``: its record can go."""
+        self.records.pop(key, None)
+
+    def end_session(self, session_id: str) -> None:
+        """The session has ended: no prompt will be assembled from its history again."""
+        self.history.pop(session_id, None)
+
     # ---- prompt assembly ---------------------------------------------------------------------
     def assemble(self, *, session_id: str, tenant: TenantConfig, message_seg: int, message_tokens: int,
                  extra: list[tuple[int, int]] = ()) -> tuple[list[tuple[str, object]], int, int]:

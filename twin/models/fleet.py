@@ -135,6 +135,11 @@ class FleetWorld:
         from twin.models.control import ControlPlane
 
         self.control = ControlPlane(self, seed=_seed_for(seed, replication, "policy.control"))
+        if not self.control.active:
+            # only the control plane's signals read these logs (and trim them to their window); without
+            # one they would keep an entry per turn for the whole run
+            self.ttft_log = collections.deque(maxlen=0)
+            self.outcome_log = collections.deque(maxlen=0)
         self.done = env.event()
         self._live = 0
 

@@ -139,7 +139,11 @@ class LengthDraw:
         self.sigma, self.lo, self.hi = cfg.sigma, cfg.min, cfg.max
 
     def __call__(self, rng: np.random.Generator) -> int:
-        return int(min(max(round(rng.lognormal(self.mu, self.sigma)), self.lo), self.hi))
+        # rng.lognormal(mu, sigma), spelled as numpy computes it (exp(mu + sigma * z), z one standard normal
+        # draw): the same float and the same stream position, without lognormal's per-call argument checks,
+        # which cost more than the draw (tests/test_population_draws.py)
+        x = math.exp(self.mu + self.sigma * rng.standard_normal())
+        return int(min(max(round(x), self.lo), self.hi))
 
 
 class IndexDraw:

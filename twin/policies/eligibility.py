@@ -55,11 +55,18 @@ def candidate_replicas(
     region = request.region
     if region is not None and not request.needs_long_context:
         # The usual case, cheaper: the eligible replicas of the steered region are the eligible replicas
-        # of all that lie there, so filter by region first (one cheap test per replica) and check
-        # eligibility and sort only there; the whole fleet is checked only when that region has none.
-        local = eligible_replicas(request, [r for r in replicas if r.region == region])
-        if local:
-            return local
+        # of all that lie there, so test the region first (one cheap test per replica) and sort only
+        # there; the whole fleet is checked only when that region has none. This is
+        # eligible_replicas(request, [r for r in replicas if r.region == region]) in one pass: for a
+        # replica in ``region``, "its region is allowed" is "``region`` is allowed".
+        regions = request.allowed_regions
+        if regions is None or region in regions:
+            model, need = request.model, request.total_tokens
+            local = [r for r in replicas if r.region == region and r.healthy and r.model == model
+                     and r.max_model_len >= need]
+            if local:
+                local.sort(key=_REPLICA_ID)
+                return local
     out = eligible_replicas(request, replicas)
     if request.needs_long_context:
         in_pool = [r for r in out if r.pool == long_context_pool]
