@@ -25,7 +25,7 @@ from twin.models.engine import Engine, EngineConfig
 from twin.models.recorder import Recorder
 from twin.models.replica import Replica
 from twin.models.request import EngineRequest
-from twin.models.tokens import TokenSeq
+from twin.models.tokens import TokenSeq, clear_chain_memo
 from twin.models.workload import RequestSpec, workload_requests
 from twin.paths import REPO_ROOT
 from twin.results import events_table, iterations_table, levels_table, requests_table, summarize
@@ -179,8 +179,9 @@ def run_scenario(scenario: Scenario, *, seed: int | None = None, replication: in
     """Run one scenario (a single replica or a fleet) and tabulate it. Failures land in the manifest."""
     seed = scenario.seed if seed is None else seed
     result = RunResult(scenario=scenario, seed=seed, replication=replication)
-    if gc.get_freeze_count():  # a finished fleet world from an earlier run (_fleet_collector): collectable again
+    if gc.get_freeze_count():  # a finished world from an earlier run (_sim_collector): collectable again
         gc.unfreeze()
+    clear_chain_memo()  # a run's cost must not depend on what ran before it in this process
     t0 = time.perf_counter()
     try:
         if scenario.fleet is not None:
@@ -212,8 +213,9 @@ def _no_cyclic_gc() -> Iterator[None]:
 
 
 @contextmanager
-def _fleet_collector() -> Iterator[None]:
-    """The cyclic garbage collector's settings while a fleet simulates.
+def _sim_collector() -> Iterator[None]:
+    """The cyclic garbage collector's settings while a world simulates (a fleet, or one replica: there the
+    default thresholds cost ~2% of the single-replica benchmark's instructions).
 
     A fleet run holds a large, growing live heap (the world, sessions in progress, turn records), so CPython's
     default thresholds run collections over it again and again: ~15% of a run's CPU at scale 0.02. A turn's
@@ -238,7 +240,8 @@ def _fleet_collector() -> Iterator[None]:
 def _run_single(scenario, seed, replication, result, t0, specs, step_model) -> None:
     c0 = time.process_time()
     world = SingleReplicaRun(scenario, seed=seed, replication=replication, specs=specs, step_model=step_model)
-    world.run(scenario.horizon_s)
+    with _sim_collector():
+        world.run(scenario.horizon_s)
     c1 = time.process_time()
     end = world.env.now
     with _no_cyclic_gc():
@@ -266,7 +269,7 @@ def _run_fleet(scenario, seed, replication, result, t0) -> None:
 
     c0 = time.process_time()
     world = FleetWorld(scenario, seed=seed, replication=replication)
-    with _fleet_collector():
+    with _sim_collector():
         world.run(scenario.horizon_s)
     c1 = time.process_time()
     end = world.env.now

@@ -220,7 +220,7 @@ class FleetWorld:
 
     def run(self, horizon_s: float | None) -> None:
         self.start()
-        # The cyclic collector's settings for a run are the runner's (twin.runner._fleet_collector).
+        # The cyclic collector's settings for a run are the runner's (twin.runner._sim_collector).
         if horizon_s is None:
             self.env.run(until=self.done)
         else:

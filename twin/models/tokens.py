@@ -30,6 +30,15 @@ _HEAD_MEMO_MAX = 4096
 _HEAD_SEEN_MAX = 65536
 
 
+def clear_chain_memo() -> None:
+    """Empty the memo (``twin.runner.run_scenario`` does, per run). The chains are pure functions of their keys,
+    so this changes no result; it keeps a run's cost and memory independent of the runs before it in the process
+    (a benchmark's capacity run with the same seed would otherwise make its measured run hash the chains of
+    every prompt both saw)."""
+    _HEAD_MEMO.clear()
+    _HEAD_SEEN.clear()
+
+
 class TokenSeq:
     """An append-only token sequence made of pieces, with lazily extended block hashes.
 
