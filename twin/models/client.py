@@ -126,14 +126,17 @@ class Clients:
         if spec.tenant.tier in w.shed_tiers:
             yield env.timeout(self.cfg.gateway.auth_latency_s)
             return Outcome("rejected", "shed")
+        admission_id = f"{turn.turn_id}/a{attempt}"
         decision = yield from w.gateway.admit(
-            request_id=f"{turn.turn_id}/a{attempt}", user_id=spec.user_id, tenant=spec.tenant.name,
+            request_id=admission_id, user_id=spec.user_id, tenant=spec.tenant.name,
             tier=spec.tenant.tier, prompt_tokens=turn.message_tokens, expected_output_tokens=turn.output_tokens,
             attempt=attempt)
         if not decision.admitted:
             return Outcome("rejected", decision.reason, decision.retry_after_s)
         record, generate = w.conversation.begin(turn.turn_id)
         if not generate:
+            # served from the idempotency record (or by the attempt already generating it): nothing generated
+            w.gateway.completed(admission_id, turn.message_tokens)
             if record.state == "completed":
                 return Outcome("completed", "deduplicated", output_tokens=record.output_tokens)
             done = env.event()
@@ -141,6 +144,8 @@ class Clients:
             outcome = yield done
             return outcome
         outcome = yield from self._run_turn(turn, record)
+        # the admission's true-up, in the unit it charged (the message plus the tokens streamed back)
+        w.gateway.completed(admission_id, turn.message_tokens + outcome.generated_tokens)
         for ev in record.waiters:
             ev.succeed(outcome)
         record.waiters.clear()
@@ -171,11 +176,13 @@ class Clients:
             pieces = [*pieces, ("seg", (answer_seg, resume))]
             prompt_tokens += resume
             w.rec.event(env.now, "request.resumed", "client", turn.turn_id, float(resume))
+        called = 0  # tokens the tool call streamed back
         if turn.klass == "tool" and not resume:
             call_seg = stable_hash(f"toolcall/{turn.turn_id}")
             call_tokens = 60
             first = yield from self.gen.generate(turn, pieces=pieces, prompt_tokens=prompt_tokens, output_tokens=call_tokens,
                                              output_segment=call_seg, gen="g0", needs_tools=True)
+            called = first.generated_tokens = first.output_tokens
             first.output_tokens = 0
             if first.kind != "completed":
                 conv.fail(record)
@@ -188,6 +195,7 @@ class Clients:
                                            output_tokens=turn.output_tokens - resume, output_segment=answer_seg,
                                            gen=f"g1r{resume}" if resume else "g1", needs_tools=turn.klass == "tool",
                                            output_offset=resume, record=record)
+        outcome.generated_tokens = outcome.output_tokens + called
         outcome.output_tokens += resume
         if outcome.kind == "completed":
             if conv.cfg.persist_latency_s:

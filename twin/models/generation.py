@@ -26,6 +26,7 @@ class Outcome:
     reason: str | None = None
     retry_after_s: float | None = None
     output_tokens: int = 0
+    generated_tokens: int = 0  # streamed back by this attempt's generations (tool call included, resumed part not)
 
 
 def first_token_or_timeout(env: simpy.Environment, st: Stream, timers: CallOffTimers,
@@ -291,7 +292,6 @@ class Generations:
                 record.persisted_tokens = max(record.persisted_tokens, conv.persisted(output_offset + r.num_output))
             self.w.router.done(entry.facts, handle.scope)
             self.w.queue.drained(r.prompt_tokens + r.num_output)
-            self.w.gateway.completed(entry.facts.request_id, r.prompt_tokens + r.num_output)
             if not st.done.triggered:
                 st.done.succeed()
             # The engine calls neither again (it finishes a request once, after its last tokens). Dropping
