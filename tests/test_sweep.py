@@ -124,7 +124,7 @@ def test_a_failing_run_writes_its_manifest_and_exits_1(tmp_path, monkeypatch, ca
     ({"scenarios": []}, "scenarios"),
     ({"policies": {"a": {"kind": "prefix_affinity", "prefix_blocks": 0}}}, "policies"),
     ({"bogus": 1}, "bogus"),
-    ({"overrides": ["fleet.scale=7"]}, "fleet.scale"),
+    ({"overrides": ["fleet.scale=17"]}, "fleet.scale"),  # above the cap of 16
 ])
 def test_a_bad_spec_exits_2_naming_the_field(tmp_path, capsys, patch, field):
     raw = {"name": "bad", "scenarios": ["scenarios/baseline-day.yaml"], "policies": {"rr": {"kind": "round_robin"}},
