@@ -99,6 +99,21 @@ class RoutingDecision:
     scores: tuple[tuple[str, float], ...] = ()
 
 
+class CandidateList(list):
+    """A host's list of replica snapshots with a promise, for routers that keep per-list work.
+
+    ``epoch`` is a number the host changes whenever the list's members, their order, or any field of a
+    listed replica except ``outstanding_tokens`` may have changed (a real router knows when it scraped,
+    marked a replica down, or stopped sending to one). Two lists with the same epoch hold the same
+    replicas in the same order with the same scraped fields, so a router may reuse what it derived from
+    those fields (eligibility, scraped-signal scores); it must still read ``outstanding_tokens`` afresh.
+    Epochs are never reused. A plain list (or a list without ``epoch``) promises nothing and every router
+    treats this like a plain list when it does not use the promise.
+    """
+
+    __slots__ = ("epoch",)
+
+
 @runtime_checkable
 class RouterPolicy(Protocol):
     """What a router offers its host. Implementations get params and a seed in the constructor.
