@@ -3,14 +3,14 @@
 ``LlmDScorerRouter`` keeps the candidates and scraped-signal terms it derived from a list for as long as
 the host hands over lists with that epoch, and then reads only the candidates that can still win. The
 first test drives three scorers side by side through random fleets, scrapes, health changes, lists that
-lose replicas between scrapes (as room runs out) and ledger refreshes (new snapshot objects, same epoch):
+lose replicas between scrapes (as room runs out: same epoch, longer ``removed``) and ledger refreshes (new snapshot objects, same epoch):
 one given the ``CandidateList``, one the same replicas as a plain list (scores omitted: the pruned path),
 one listing every score (the full scan). Decisions must match, and the first two must leave the prefix
 index in the same state (the same replicas matched, so the same TTL expiries).
 
 The second drives the twin's ``Router`` host (room lists that lose a replica in place, their epochs) and
 checks each list against the room rule computed from scratch, and that an epoch seen twice lists the same
-replicas with the same scraped fields.
+replicas with the same scraped fields, less those named removed since.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from twin.models.router import ReplicaHandle, Router
 from twin.policies import ReplicaSnapshot, RequestFacts, build_router
 from twin.policies.prng import SplitMix64
+from twin.policies.scorer_terms import ScorerTerms
 from twin.policies.types import CandidateList
 
 from prefixkit import chained
@@ -56,7 +57,7 @@ def test_a_kept_list_decides_as_a_plain_list(seed: int, size: int, prefix_w: flo
     listed.omit_scores()
     plain.omit_scores()
     rng = SplitMix64(seed)
-    epoch = 0
+    epoch, removed = 0, ()
     fleet = [replica(rng, i, 0.0) for i in range(size)]
     shown = list(fleet)
     systems = [[rng.randrange(50) for _ in range(1 + rng.randrange(8))] for _ in range(3)]
@@ -66,24 +67,25 @@ def test_a_kept_list_decides_as_a_plain_list(seed: int, size: int, prefix_w: flo
         u = rng.random()
         if u < 0.08:  # a scrape: new signals and health everywhere, every replica listed again
             fleet = [replica(rng, i, now) for i in range(size)]
-            shown, epoch = list(fleet), epoch + 1
-        elif u < 0.25 and len(shown) > 1:  # a replica runs out of room: the list loses it
-            del shown[rng.randrange(len(shown))]
-            epoch += 1
+            shown, epoch, removed = list(fleet), epoch + 1, ()
+        elif u < 0.3 and len(shown) > 1:  # replicas run out of room: the list loses them, the epoch stays
+            for _ in range(1 + (rng.random() < 0.3)):
+                if len(shown) > 1:
+                    removed = (*removed, shown.pop(rng.randrange(len(shown))).replica_id)
         elif u < 0.5:  # the ledger refreshes one snapshot: a new object, same scraped fields, same epoch
             j = rng.randrange(len(shown))
             shown[j] = with_tokens(shown[j], 16 * rng.randrange(50))
         s = rng.randrange(len(sessions))
         if rng.random() < 0.9:
             sessions[s].extend(rng.randrange(10**6) for _ in range(1 + rng.randrange(3)))
-        prompt = chained(sessions[s]) if rng.random() < 0.95 else ()
+        prompt = chained(sessions[s]) if rng.random() < 0.85 else ()
         request = RequestFacts(
             request_id=f"q{n}", tenant="t", tier="paid", session_id=f"s{s}" if rng.random() < 0.8 else None,
             prompt_tokens=16 * len(prompt) + 5, expected_output_tokens=(50, 1500, 5000)[rng.randrange(3)],
             block_hashes=prompt, model=("m", "m", "n")[rng.randrange(3)], region=(None, *REGIONS)[rng.randrange(4)],
             allowed_regions=(None, None, ("us", "eu"))[rng.randrange(3)], needs_long_context=rng.random() < 0.2)
         given_list = CandidateList(shown)
-        given_list.epoch = epoch
+        given_list.epoch, given_list.removed = epoch, removed
         a = listed.route(request, given_list, now)
         b = plain.route(request, list(shown), now)
         c = full.route(request, list(shown), now)
@@ -94,6 +96,31 @@ def test_a_kept_list_decides_as_a_plain_list(seed: int, size: int, prefix_w: flo
         if a.replica_id is not None:
             for r in (listed, plain, full):
                 r.on_routed(request, a.replica_id, now)
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**32), size=st.integers(1, 14), weights=st.tuples(WEIGHTS, WEIGHTS, WEIGHTS))
+def test_dropped_terms_are_the_terms_of_the_list_less_the_dropped(seed: int, size: int,
+                                                                  weights: tuple[float, float, float]) -> None:
+    """``ScorerTerms.drop`` leaves, at the remaining candidates' positions, what deriving the terms from the
+    shorter list gives (or says the terms must be derived again)."""
+    rng = SplitMix64(seed)
+    listed = [replica(rng, i, 0.0) for i in range(size)]
+    terms = ScorerTerms(*weights, listed, listed=True)
+    while len(listed) > 1:
+        gone = listed.pop(rng.randrange(len(listed)))
+        fresh = ScorerTerms(*weights, listed, listed=True)
+        terms.idle_best = terms.pos[gone.replica_id if rng.random() < 0.5 else listed[0].replica_id]  # type: ignore[index]
+        if not terms.drop(gone.replica_id):
+            terms = fresh
+            continue
+        assert terms.idle_best is None or terms.ids[terms.idle_best] in fresh.ids  # a kept winner is still listed
+        where = [terms.pos[r.replica_id] for r in listed]  # type: ignore[index]
+        assert [terms.ids[i] for i in where] == fresh.ids
+        for name in ("queue", "kv", "bounds"):
+            assert [getattr(terms, name)[i] for i in where] == getattr(fresh, name)
+        assert [terms.ids[i] for i in terms.order] == [fresh.ids[i] for i in fresh.order]  # type: ignore[union-attr]
+        assert (terms.max_bound, terms.size) == (fresh.max_bound, fresh.size)
 
 
 # ------------------------------------------------------------------------------------------ the twin's host
@@ -133,7 +160,7 @@ def test_room_lists_shrink_as_a_rebuild_would_and_keep_their_epoch_promise(seed:
     handles = [handle(i, rng) for i in range(size)]
     router = Router(env, replicas=handles, policy_config={"kind": "llm_d_scorer"}, seed=1,  # type: ignore[arg-type]
                     scrape_interval_s=1.0, recorder=None)  # type: ignore[arg-type]
-    promised: dict[int, tuple] = {}
+    promised: dict[int, tuple[tuple[str, ...], list]] = {}
     for n in range(300):
         u = rng.random()
         if u < 0.05:  # a scrape with new queues, KV and health
@@ -159,9 +186,13 @@ def test_room_lists_shrink_as_a_rebuild_would_and_keep_their_epoch_promise(seed:
         local = room_rule(router, model, regions, max_waiting, pool, facts.region)
         long_enough = [s for s in router.snapshots if s.replica_id in local and s.max_model_len >= facts.total_tokens]
         assert ids == (local if long_enough else room_rule(router, model, regions, max_waiting, pool, None))
-        fields = tuple((s.replica_id, s.healthy, s.num_waiting, s.kv_usage, s.region, s.model, s.pool,
-                        s.max_model_len, s.scraped_at_s) for s in got)
-        assert promised.setdefault(got.epoch, fields) == fields
+        fields = [(s.replica_id, s.healthy, s.num_waiting, s.kv_usage, s.region, s.model, s.pool,
+                   s.max_model_len, s.scraped_at_s) for s in got]
+        # an epoch seen before: the list it was then, less the replicas removed since
+        was_removed, was_fields = promised.setdefault(got.epoch, (got.removed, fields))
+        assert got.removed[:len(was_removed)] == was_removed
+        since = set(got.removed[len(was_removed):])
+        assert fields == [f for f in was_fields if f[0] not in since]
         if got and rng.random() < 0.7:
             target = got[rng.randrange(len(got))].replica_id
             router.sent(facts, target)

@@ -75,10 +75,10 @@ class Router:
         # with that limit) and comes back only at a scrape, so a dispatch reads the list instead of testing
         # every replica. The same key plus a region -> [that region's part of it, its largest max_model_len].
         self._room: dict[tuple, Any] = {}
-        # room key -> the epoch of its list (CandidateList.epoch): a fresh number whenever the list is built
-        # or loses a replica. Scraped fields change only where the lists are cleared, so an epoch promises
-        # the same replicas with the same scraped fields.
-        self._epoch: dict[tuple, int] = {}
+        # room key -> [the epoch of its list, the replica ids it lost since] (CandidateList.epoch, .removed):
+        # a fresh epoch whenever the list is built. Scraped fields change only where the lists are cleared, so
+        # an epoch promises the same replicas with the same scraped fields, less those removed.
+        self._epoch: dict[tuple, list] = {}
         self._epochs = itertools.count(1)
         self._regional = getattr(self.policy, "chooses_from_candidates", False)
         self._room_limits: set[int] = set()
@@ -122,7 +122,8 @@ class Router:
         """
         # the current snapshots (the ledger refreshes them) of the replicas with room, in C
         out = CandidateList(map(self.snapshots.__getitem__, self._with_room(model, allowed_regions, max_waiting, pool)))
-        out.epoch = self._epoch[(model, None if allowed_regions is None else tuple(allowed_regions), pool, max_waiting)]
+        out.epoch, out.removed = self._epoch[
+            (model, None if allowed_regions is None else tuple(allowed_regions), pool, max_waiting)]
         return out
 
     def candidates_for(self, facts: RequestFacts, allowed_regions: Sequence[str] | None, max_waiting: int,
@@ -143,12 +144,12 @@ class Router:
                 snaps = self.snapshots
                 idx = [i for i in room if snaps[i].region == region]
                 local = self._room[local_key] = [idx, max([snaps[i].max_model_len for i in idx], default=-1)]
-                self._epoch[local_key] = next(self._epochs)
+                self._epoch[local_key] = [next(self._epochs), ()]
             if local[1] >= facts.total_tokens:  # some replica there is eligible (healthy, model, residency: placed)
                 key = local_key
                 room = local[0]
         out = CandidateList(map(self.snapshots.__getitem__, room))
-        out.epoch = self._epoch[key]
+        out.epoch, out.removed = self._epoch[key]
         return out
 
     def _with_room(self, model: str, allowed_regions: Sequence[str] | None, max_waiting: int,
@@ -171,7 +172,7 @@ class Router:
             else:
                 room = placed
             self._room[key] = room
-            self._epoch[key] = next(self._epochs)
+            self._epoch[key] = [next(self._epochs), ()]
         return room
 
     def route(self, facts: RequestFacts, candidates: list[ReplicaSnapshot]) -> RoutingDecision:
@@ -197,22 +198,27 @@ class Router:
 
     def _lose_room(self, i: int, limit: int) -> None:
         """Replica ``i`` has no room left under ``max_waiting == limit``: take it out of those room lists
-        (their region parts included) and give each list it left a new epoch. This leaves each list as a
-        rebuild would (rebuilding them all cost a pass over the fleet every ~8 decisions at scale 1.0)."""
+        (their region parts included) and add it to each such list's ``removed``. This leaves each list as
+        a rebuild would (rebuilding them all cost a pass over the fleet every ~8 decisions at scale 1.0), and
+        a router keeping per-list work updates it instead of starting again."""
+        scope = self.handles[i].scope
         for key, room in self._room.items():
             if key[3] != limit:
                 continue
             if len(key) == 4:
-                if i in room:
-                    room.remove(i)
-                    self._epoch[key] = next(self._epochs)
-            elif i in room[0]:
+                if i not in room:
+                    continue
+                room.remove(i)
+            else:
+                if i not in room[0]:
+                    continue
                 room[0].remove(i)
                 mml = self.snapshots[i].max_model_len
                 if mml == room[1]:  # it may have been the only one that long
                     snaps = self.snapshots
                     room[1] = max([snaps[j].max_model_len for j in room[0]], default=-1)
-                self._epoch[key] = next(self._epochs)
+            epoch = self._epoch[key]
+            epoch[1] = (*epoch[1], scope)
 
     def done(self, facts: RequestFacts, replica_id: str) -> None:
         h = self.by_id[replica_id]

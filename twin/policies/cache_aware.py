@@ -151,11 +151,14 @@ class LlmDScorerRouter(_PrefixIndexRouter):
             return super().route(request, replicas, now_s)
         # A host list with an epoch (CandidateList): the candidates and their scraped-signal terms are
         # derived once per list and request class, so a decision does not pass over every replica listed.
+        removed = getattr(replicas, "removed", ())
         kept = self._listed.get(epoch)
-        if kept is None:
+        if kept is None or len(removed) < kept.applied:  # (fewer removed than before: a broken promise)
             if len(self._listed) >= LISTS_MAX:
                 self._listed.clear()
-            kept = self._listed[epoch] = ListedTerms(replicas)
+            kept = self._listed[epoch] = ListedTerms(replicas, len(removed))
+        elif len(removed) > kept.applied:
+            kept.drop(removed[kept.applied:])
         for replica_id in kept.unhealthy:  # what _observe does at every decision
             self.index.forget(replica_id)
         key = kept.class_key(request)
@@ -179,7 +182,7 @@ class LlmDScorerRouter(_PrefixIndexRouter):
         hashes = request.block_hashes
         n_blocks = len(hashes)
         ids, queue, kv, bounds = t.ids, t.queue, t.kv, t.bounds
-        n = len(ids)
+        n = len(ids)  # with kept terms, slots of candidates dropped since (bound -inf) count here too
         if not n_blocks:
             if t.idle_best is None:
                 zero = pw * 0.0
@@ -206,7 +209,7 @@ class LlmDScorerRouter(_PrefixIndexRouter):
         # float estimate; the test is the exact expression, and a candidate that fails it or holds block
         # k in its index goes to the exact loop below.
         lrus = index._lru  # ApproxPrefixIndex.holds inlined: this pass visits every candidate
-        if pw and n > _ONE_PASS_MIN:
+        if pw and t.size > _ONE_PASS_MIN:
             k = min(max(math.ceil((best_total - (t.max_bound - pw)) / pw * n_blocks) - 1, 0), n_blocks - 1)
             at_k = pw * (k / n_blocks)
             h = hashes[k]

@@ -11,7 +11,9 @@ candidates that can still win (``live_by_bound``) instead of making several pass
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
+from collections import Counter
 from collections.abc import Sequence
 from itertools import compress, repeat
 from operator import attrgetter, contains
@@ -36,12 +38,13 @@ class ScorerTerms:
     replica_id's position, and the positions in descending bound order (equal bounds in replica_id order,
     as a stable reverse sort leaves them)."""
 
-    __slots__ = ("ids", "queue", "kv", "bounds", "max_bound", "idle_best", "pos", "order", "margin")
+    __slots__ = ("ids", "queue", "kv", "bounds", "max_bound", "idle_best", "pos", "order", "margin", "size", "waiting",
+                 "waiting_count", "q_lo", "q_hi")
 
     def __init__(self, pw: float, qw: float, kw: float, candidates: Sequence[ReplicaSnapshot], *,
                  listed: bool) -> None:
         q = list(map(_NUM_WAITING, candidates))
-        q_lo, q_hi = min(q), max(q)
+        q_lo, q_hi = self.q_lo, self.q_hi = min(q), max(q)
         if q_hi == q_lo:
             self.queue = [qw * 1.0] * len(candidates)
         else:
@@ -57,9 +60,33 @@ class ScorerTerms:
         # Every term and partial sum lies in [0, pw + qw + kw], so each float addition errs by at most
         # 2**-53 of that; a few of them stay far below this margin (see live_by_bound).
         self.margin = 1e-9 * (pw + qw + kw + 1.0)
+        self.size = len(candidates)  # candidates still listed (drop leaves a removed one's slot, ruled out)
         if listed:
             self.pos = {rid: i for i, rid in enumerate(self.ids)}
             self.order = sorted(range(len(self.ids)), key=self.bounds.__getitem__, reverse=True)
+            self.waiting = q
+            self.waiting_count = Counter(q)
+
+    def drop(self, replica_id: str) -> bool:
+        """The candidate ``replica_id`` left the list: rule it out where it stands (the others keep their
+        positions, so their order is still replica_id order). False when the terms must be derived again:
+        it held the only shortest or longest queue (the queue term's min-max moves) or was the last one."""
+        i = self.pos.pop(replica_id)  # type: ignore[union-attr]
+        w = self.waiting[i]
+        left = self.waiting_count[w] - 1
+        self.waiting_count[w] = left
+        if self.size == 1 or (not left and (w == self.q_lo or w == self.q_hi)):
+            return False
+        self.size -= 1
+        self.order.remove(i)  # type: ignore[union-attr]
+        was = self.bounds[i]
+        # below every bound and total, so no filter keeps it and no comparison picks it
+        self.bounds[i] = self.queue[i] = self.kv[i] = -math.inf
+        if was == self.max_bound:
+            self.max_bound = self.bounds[self.order[0]]  # type: ignore[index]
+        if self.idle_best == i:
+            self.idle_best = None
+        return True
 
 
 class ListedTerms:
@@ -67,13 +94,28 @@ class ListedTerms:
     (forgotten at each decision, as ``_observe`` does), and per request class the candidates' terms
     (``None``: no candidate)."""
 
-    __slots__ = ("unhealthy", "lengths", "classes")
+    __slots__ = ("unhealthy", "lengths", "classes", "applied")
 
-    def __init__(self, replicas: Sequence[ReplicaSnapshot]) -> None:
+    def __init__(self, replicas: Sequence[ReplicaSnapshot], applied: int) -> None:
         self.unhealthy = () if all(map(_HEALTHY, replicas)) else tuple(r.replica_id for r in replicas
                                                                         if not r.healthy)
         self.lengths = sorted(set(map(_MAX_MODEL_LEN, replicas)))
         self.classes: dict[tuple, ScorerTerms | None] = {}
+        self.applied = applied  # how many of the list's ``removed`` this already leaves out
+
+    def drop(self, replica_ids: Sequence[str]) -> None:
+        """These replicas left the list: drop them from every class's terms (a class whose terms must be
+        derived again is forgotten and derived at its next request). A class with no candidate keeps
+        none; one that keeps others keeps them, as each steering step still leaves some (so the
+        eligibility rule picks the same subset less the one that left). ``lengths`` may keep a length no
+        replica has any more: class keys are then finer than they need be, never wrong."""
+        for rid in replica_ids:
+            if rid in self.unhealthy:
+                self.unhealthy = tuple(u for u in self.unhealthy if u != rid)
+            for key, terms in list(self.classes.items()):
+                if terms is not None and rid in terms.pos and not terms.drop(rid):  # type: ignore[operator]
+                    del self.classes[key]
+        self.applied += len(replica_ids)
 
     def class_key(self, request: RequestFacts) -> tuple:
         """Requests with equal keys have the same candidates in this list: eligibility reads their length

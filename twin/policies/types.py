@@ -104,14 +104,16 @@ class CandidateList(list):
 
     ``epoch`` is a number the host changes whenever the list's members, their order, or any field of a
     listed replica except ``outstanding_tokens`` may have changed (a real router knows when it scraped,
-    marked a replica down, or stopped sending to one). Two lists with the same epoch hold the same
-    replicas in the same order with the same scraped fields, so a router may reuse what it derived from
-    those fields (eligibility, scraped-signal scores); it must still read ``outstanding_tokens`` afresh.
-    Epochs are never reused. A plain list (or a list without ``epoch``) promises nothing and every router
-    treats this like a plain list when it does not use the promise.
+    marked a replica down or added one); epochs are never reused. ``removed`` names the replicas taken
+    out since the epoch began (a real router knows which it stopped sending to), oldest first. Two lists
+    with the same epoch are the list the epoch began with less their ``removed``, in the same order with the
+    same scraped fields, and a later list's ``removed`` extends an earlier one's. So a router may keep what it
+    derived from those fields (eligibility, scraped-signal scores) and update it as replicas leave; it must
+    still read ``outstanding_tokens`` afresh. A plain list promises nothing, and a router that does not use
+    the promise treats this as a plain list.
     """
 
-    __slots__ = ("epoch",)
+    __slots__ = ("epoch", "removed")
 
 
 @runtime_checkable
