@@ -1,14 +1,16 @@
 """A host list with an epoch (``CandidateList``) changes no decision, and the twin's host keeps its promise.
 
 ``LlmDScorerRouter`` keeps the candidates and scraped-signal terms it derived from a list for as long as
-the host hands over lists with that epoch, and then reads only the candidates that can still win. The
-first test drives three scorers side by side through random fleets, scrapes, health changes, lists that
-lose replicas between scrapes (as room runs out: same epoch, longer ``removed``) and ledger refreshes (new snapshot objects, same epoch):
-one given the ``CandidateList``, one the same replicas as a plain list (scores omitted: the pruned path),
-one listing every score (the full scan). Decisions must match, and the first two must leave the prefix
-index in the same state (the same replicas matched, so the same TTL expiries).
+the host hands over lists with that epoch (dropping the replicas the list names removed), and then reads
+only the candidates that can still win. The first test drives three scorers side by side through random
+fleets, scrapes, health changes, lists that lose replicas between scrapes (as room runs out: same epoch,
+longer ``removed``) and ledger refreshes (new snapshot objects, same epoch): one given the
+``CandidateList``, one the same replicas as a plain list (scores omitted: the pruned path), one listing
+every score (the full scan). Decisions must match, and the first two must leave the prefix index in the
+same state (the same replicas matched, so the same TTL expiries). The second checks a drop against terms
+derived from the shorter list.
 
-The second drives the twin's ``Router`` host (room lists that lose a replica in place, their epochs) and
+The third drives the twin's ``Router`` host (room lists that lose a replica in place, their epochs) and
 checks each list against the room rule computed from scratch, and that an epoch seen twice lists the same
 replicas with the same scraped fields, less those named removed since.
 """
@@ -33,7 +35,8 @@ WEIGHTS = st.sampled_from([0.0, 1.0, 2.0, 3.0])
 
 
 def replica(rng: SplitMix64, i: int, now: float) -> ReplicaSnapshot:
-    return ReplicaSnapshot(replica_id=f"r{i:02d}", region=REGIONS[rng.randrange(3)], model=("m", "m", "n")[rng.randrange(3)],
+    return ReplicaSnapshot(replica_id=f"r{i:02d}", region=REGIONS[rng.randrange(3)],
+                           model=("m", "m", "n")[rng.randrange(3)],
                            pool=("default", "default", "long_context")[rng.randrange(3)], healthy=rng.random() < 0.95,
                            num_running=1, num_waiting=rng.randrange(4), kv_usage=rng.randrange(4) / 4,
                            outstanding_tokens=0, max_model_len=(1000, 4096, 8192)[rng.randrange(3)], scraped_at_s=now)
@@ -110,7 +113,8 @@ def test_dropped_terms_are_the_terms_of_the_list_less_the_dropped(seed: int, siz
     while len(listed) > 1:
         gone = listed.pop(rng.randrange(len(listed)))
         fresh = ScorerTerms(*weights, listed, listed=True)
-        terms.idle_best = terms.pos[gone.replica_id if rng.random() < 0.5 else listed[0].replica_id]  # type: ignore[index]
+        kept = gone.replica_id if rng.random() < 0.5 else listed[0].replica_id
+        terms.idle_best = terms.pos[kept]  # type: ignore[index]
         if not terms.drop(gone.replica_id):
             terms = fresh
             continue

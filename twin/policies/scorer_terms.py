@@ -5,8 +5,9 @@ Only the prefix term depends on the request's prompt; the queue and kv terms, th
 the bounds (the total at a full match) depend on the request only through its class (model, regions,
 long-context need, and where its length falls among the listed ``max_model_len``s). A host that hands over
 a :class:`~twin.policies.types.CandidateList` promises, by its ``epoch``, that those fields did not change,
-so the router derives them once per list and class (``ListedTerms``) and, per decision, reads only the
-candidates that can still win (``live_by_bound``) instead of making several passes over all of them.
+so the router derives them once per list and class (``ListedTerms``), drops a replica from them when the
+list loses it (``CandidateList.removed``), and per decision finds the candidates that can still win with
+one pass in C and a short walk (``live_by_bound``) instead of several Python passes over all of them.
 """
 
 from __future__ import annotations
