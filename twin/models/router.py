@@ -10,6 +10,7 @@ the policy itself.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ import simpy
 from twin.models.recorder import Recorder
 from twin.models.replica import Replica
 from twin.policies import ReplicaSnapshot, RequestFacts, RoutingDecision, build_router
+from twin.policies.types import CandidateList
 
 
 class ReplicaHandle:
@@ -69,10 +71,15 @@ class Router:
         # clear it.
         self._placed: dict[tuple, list[int]] = {}
         # (model, allowed regions, pool, max_waiting) -> the indices of _placed that have room. Room is lost
-        # only when a request is sent (``sent`` clears this when a replica reaches a limit in use) and
-        # comes back only at a scrape, so a dispatch reads the list instead of testing every replica. The
-        # same key plus a region -> (that region's part of it, its largest max_model_len).
+        # only when a request is sent (``sent`` takes a replica that reaches a limit in use out of the lists
+        # with that limit) and comes back only at a scrape, so a dispatch reads the list instead of testing
+        # every replica. The same key plus a region -> [that region's part of it, its largest max_model_len].
         self._room: dict[tuple, Any] = {}
+        # room key -> [the epoch of its list, the replica ids it lost since] (CandidateList.epoch, .removed):
+        # a fresh epoch whenever the list is built. Scraped fields change only where the lists are cleared, so
+        # an epoch promises the same replicas with the same scraped fields, less those removed.
+        self._epoch: dict[tuple, list] = {}
+        self._epochs = itertools.count(1)
         self._regional = getattr(self.policy, "chooses_from_candidates", False)
         self._room_limits: set[int] = set()
         self.decisions = 0
@@ -105,6 +112,7 @@ class Router:
         self.snapshots = snaps
         self._placed.clear()
         self._room.clear()
+        self._epoch.clear()
 
     def candidates(self, model: str, allowed_regions: Sequence[str] | None, max_waiting: int,
                    pool: str | None = None) -> list[ReplicaSnapshot]:
@@ -113,7 +121,10 @@ class Router:
         (0 = no limit).
         """
         # the current snapshots (the ledger refreshes them) of the replicas with room, in C
-        return list(map(self.snapshots.__getitem__, self._with_room(model, allowed_regions, max_waiting, pool)))
+        out = CandidateList(map(self.snapshots.__getitem__, self._with_room(model, allowed_regions, max_waiting, pool)))
+        out.epoch, out.removed = self._epoch[
+            (model, None if allowed_regions is None else tuple(allowed_regions), pool, max_waiting)]
+        return out
 
     def candidates_for(self, facts: RequestFacts, allowed_regions: Sequence[str] | None, max_waiting: int,
                        pool: str | None = None) -> list[ReplicaSnapshot]:
@@ -125,16 +136,21 @@ class Router:
         """
         room = self._with_room(facts.model, allowed_regions, max_waiting, pool)
         region = facts.region
+        key = (facts.model, None if allowed_regions is None else tuple(allowed_regions), pool, max_waiting)
         if self._regional and region is not None and not facts.needs_long_context:
-            key = (facts.model, None if allowed_regions is None else tuple(allowed_regions), pool, max_waiting, region)
-            local = self._room.get(key)
+            local_key = (*key, region)
+            local = self._room.get(local_key)
             if local is None:
                 snaps = self.snapshots
                 idx = [i for i in room if snaps[i].region == region]
-                local = self._room[key] = (idx, max([snaps[i].max_model_len for i in idx], default=-1))
+                local = self._room[local_key] = [idx, max([snaps[i].max_model_len for i in idx], default=-1)]
+                self._epoch[local_key] = [next(self._epochs), ()]
             if local[1] >= facts.total_tokens:  # some replica there is eligible (healthy, model, residency: placed)
-                return list(map(self.snapshots.__getitem__, local[0]))
-        return list(map(self.snapshots.__getitem__, room))
+                key = local_key
+                room = local[0]
+        out = CandidateList(map(self.snapshots.__getitem__, room))
+        out.epoch, out.removed = self._epoch[key]
+        return out
 
     def _with_room(self, model: str, allowed_regions: Sequence[str] | None, max_waiting: int,
                    pool: str | None) -> list[int]:
@@ -156,6 +172,7 @@ class Router:
             else:
                 room = placed
             self._room[key] = room
+            self._epoch[key] = [next(self._epochs), ()]
         return room
 
     def route(self, facts: RequestFacts, candidates: list[ReplicaSnapshot]) -> RoutingDecision:
@@ -173,10 +190,35 @@ class Router:
         h = self.by_id[replica_id]
         h.outstanding_tokens += facts.total_tokens
         h.pending_since_scrape += 1
-        if self.snapshots[h.index].num_waiting + h.pending_since_scrape in self._room_limits:
-            self._room.clear()  # it just reached a limit in use: it has no room there any more
+        limit = self.snapshots[h.index].num_waiting + h.pending_since_scrape
+        if limit in self._room_limits:
+            self._lose_room(h.index, limit)  # it just reached a limit in use: it has no room there any more
         self._refresh(h)
         self.policy.on_routed(facts, replica_id, self.env.now)
+
+    def _lose_room(self, i: int, limit: int) -> None:
+        """Replica ``i`` has no room left under ``max_waiting == limit``: take it out of those room lists
+        (their region parts included) and add it to each such list's ``removed``. This leaves each list as
+        a rebuild would (rebuilding them all cost a pass over the fleet every ~8 decisions at scale 1.0), and
+        a router keeping per-list work updates it instead of starting again."""
+        scope = self.handles[i].scope
+        for key, room in self._room.items():
+            if key[3] != limit:
+                continue
+            if len(key) == 4:
+                if i not in room:
+                    continue
+                room.remove(i)
+            else:
+                if i not in room[0]:
+                    continue
+                room[0].remove(i)
+                mml = self.snapshots[i].max_model_len
+                if mml == room[1]:  # it may have been the only one that long
+                    snaps = self.snapshots
+                    room[1] = max([snaps[j].max_model_len for j in room[0]], default=-1)
+            epoch = self._epoch[key]
+            epoch[1] = (*epoch[1], scope)
 
     def done(self, facts: RequestFacts, replica_id: str) -> None:
         h = self.by_id[replica_id]
@@ -202,6 +244,7 @@ class Router:
             self._went_down.append(self.snapshots[h.index])
         self._placed.clear()
         self._room.clear()
+        self._epoch.clear()
 
     def add_replica(self, h: ReplicaHandle) -> None:
         """New capacity joins; it is visible to the policy from the next scrape."""
@@ -216,3 +259,4 @@ class Router:
             max_model_len=h.max_model_len, scraped_at_s=self.env.now))
         self._placed.clear()
         self._room.clear()
+        self._epoch.clear()

@@ -1,110 +1,30 @@
-"""Prefix-cache-aware routers and the router-side approximate prefix index they share.
+"""Prefix-cache-aware routers.
 
 A router cannot see a replica's KV cache. Like llm-d's approximate prefix-cache scorer and Dynamo's
 KV router without KV events, these routers remember which block hashes *they* sent where
-(:class:`ApproxPrefixIndex`) and assume those blocks are still cached until the per-replica LRU
-capacity pushes them out or they age past a TTL. The estimate is wrong when the engine evicts earlier
-(memory pressure) or restarts; a replica seen unhealthy is forgotten, as its cache will be empty.
+(:class:`ApproxPrefixIndex`, in :mod:`twin.policies.prefix_index`) and assume those blocks are still
+cached until the per-replica LRU capacity pushes them out or they age past a TTL. The estimate is wrong
+when the engine evicts earlier (memory pressure) or restarts; a replica seen unhealthy is forgotten, as
+its cache will be empty.
 """
 
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from itertools import takewhile
-from operator import attrgetter
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import Field
 
-from twin.policies.routing import ROUTERS, BaseRouter, RouterParams
+from twin.policies.prefix_index import ApproxPrefixIndex
+from twin.policies.eligibility import candidate_replicas
+from twin.policies.routing import NO_ELIGIBLE_REPLICA, ROUTERS, BaseRouter, RouterParams
+from twin.policies.scorer_terms import (
+    _HEALTHY, _OUTSTANDING, _REPLICA_ID, LISTS_MAX, ListedTerms, ScorerTerms, live_by_bound, session_position,
+)
 from twin.policies.types import ReplicaSnapshot, RequestFacts, RoutingDecision
 
-
-class ApproxPrefixIndex:
-    """Per replica, an LRU of block hashes this router sent there, with capacity and aging.
-
-    A match is the number of *leading* prompt blocks found in a replica's LRU, found block by block.
-    """
-
-    def __init__(self, *, capacity_blocks: int, ttl_s: float | None) -> None:
-        if capacity_blocks < 1:
-            raise ValueError("capacity_blocks must be >= 1")
-        self.capacity_blocks = capacity_blocks
-        self.ttl_s = ttl_s
-        self._lru: dict[str, OrderedDict[int, float]] = {}
-
-    def record(self, replica_id: str, block_hashes: Sequence[int], now_s: float) -> None:
-        """Blocks were sent to ``replica_id`` at ``now_s``.
-
-        Recorded leaf first, so the prefix root is the most recently used and is evicted last, as an
-        engine evicts a freed request's blocks from the tail.
-        """
-        lru = self._lru.get(replica_id)
-        if lru is None:
-            lru = self._lru[replica_id] = OrderedDict()
-        move = lru.move_to_end
-        for h in reversed(block_hashes):
-            lru[h] = now_s
-            move(h)
-        while len(lru) > self.capacity_blocks:
-            lru.popitem(last=False)
-        self._expire(lru, now_s)
-
-    def match_blocks(self, replica_id: str, block_hashes: Sequence[int], now_s: float) -> int:
-        """How many leading blocks of the prompt the index believes are cached on ``replica_id``."""
-        return self.matcher(block_hashes, now_s)(replica_id)
-
-    def match_many(self, replica_ids: Sequence[str], block_hashes: Sequence[int], now_s: float) -> list[int]:
-        """``match_blocks`` for each replica in turn (expiring each one's LRU as it goes)."""
-        match = self.matcher(block_hashes, now_s)
-        return [match(rid) for rid in replica_ids]
-
-    def matcher(self, block_hashes: Sequence[int], now_s: float) -> Callable[[str], int]:
-        """``replica_id -> match_blocks(replica_id, block_hashes, now_s)``, for a router that matches only
-        some candidates; ``match_many`` calls it for every candidate."""
-        lrus, expire = self._lru, self._expire
-
-        def match(replica_id: str) -> int:
-            lru = lrus.get(replica_id)
-            if not lru:
-                return 0
-            expire(lru, now_s)
-            # "for h in block_hashes: stop at the first not in lru", counted in C: each lookup is a cache
-            # miss in a large LRU, and a Python loop around it costs ~20% more (isolated timing)
-            return len(list(takewhile(lru.__contains__, block_hashes)))
-
-        return match
-
-    def holds(self, replica_id: str, block_hash: int) -> bool:
-        """False only when ``block_hash`` is surely not in ``replica_id``'s LRU, so a match there stops
-        before it (True may still be an entry past its TTL, which a match would expire first)."""
-        lru = self._lru.get(replica_id)
-        return lru is not None and block_hash in lru
-
-    def forget(self, replica_id: str) -> None:
-        self._lru.pop(replica_id, None)
-
-    def size(self, replica_id: str) -> int:
-        return len(self._lru.get(replica_id, ()))
-
-    def _expire(self, lru: OrderedDict[int, float], now_s: float) -> None:
-        if self.ttl_s is None:
-            return
-        while lru:
-            h, t = next(iter(lru.items()))
-            if now_s - t <= self.ttl_s:
-                break
-            del lru[h]
-
-
-_NUM_WAITING = attrgetter("num_waiting")
-_KV_USAGE = attrgetter("kv_usage")
-_REPLICA_ID = attrgetter("replica_id")
-_OUTSTANDING = attrgetter("outstanding_tokens")
-_HEALTHY = attrgetter("healthy")
-
+__all__ = ["ApproxPrefixIndex", "DynamoKvCostRouter", "LlmDScorerRouter"]
 
 class _PrefixIndexParams(RouterParams):
     index_capacity_blocks: int = Field(31_250, ge=1, description="LRU capacity per replica, in blocks")
@@ -178,6 +98,10 @@ class LlmDScorerRouter(_PrefixIndexRouter):
     Params = LlmDScorerParams
     params: LlmDScorerParams
 
+    def __init__(self, params: RouterParams, *, seed: int) -> None:
+        super().__init__(params, seed=seed)
+        self._listed: dict[object, ListedTerms] = {}  # CandidateList.epoch -> what was derived from it
+
     def scores(self, request: RequestFacts, candidates: Sequence[ReplicaSnapshot], now_s: float) -> list[float]:
         p = self.params
         n_blocks = len(request.block_hashes)
@@ -218,32 +142,65 @@ class LlmDScorerRouter(_PrefixIndexRouter):
         next match, record or capacity eviction there removes them first all the same.
         """
         p = self.params
-        pw, qw, kw = p.prefix_weight, p.queue_weight, p.kv_usage_weight
+        return self._pick(request, ScorerTerms(p.prefix_weight, p.queue_weight, p.kv_usage_weight, candidates,
+                                               listed=False), now_s)
+
+    def route(self, request: RequestFacts, replicas: Sequence[ReplicaSnapshot], now_s: float) -> RoutingDecision:
+        epoch = getattr(replicas, "epoch", None)
+        if epoch is None or self.keep_scores:
+            return super().route(request, replicas, now_s)
+        # A host list with an epoch (CandidateList): the candidates and their scraped-signal terms are
+        # derived once per list and request class, so a decision does not pass over every replica listed.
+        removed = getattr(replicas, "removed", ())
+        kept = self._listed.get(epoch)
+        if kept is None or len(removed) < kept.applied:  # (fewer removed than before: a broken promise)
+            if len(self._listed) >= LISTS_MAX:
+                self._listed.clear()
+            kept = self._listed[epoch] = ListedTerms(replicas, len(removed))
+        elif len(removed) > kept.applied:
+            kept.drop(removed[kept.applied:])
+        for replica_id in kept.unhealthy:  # what _observe does at every decision
+            self.index.forget(replica_id)
+        key = kept.class_key(request)
+        try:
+            terms = kept.classes[key]
+        except KeyError:
+            candidates = candidate_replicas(request, replicas)
+            p = self.params
+            terms = kept.classes[key] = ScorerTerms(p.prefix_weight, p.queue_weight, p.kv_usage_weight, candidates,
+                                                    listed=True) if candidates else None
+        if terms is None:
+            return RoutingDecision(None, NO_ELIGIBLE_REPLICA)
+        best_id = self._pick(request, terms, now_s)
+        if best_id not in terms.pos:  # type: ignore[operator]
+            raise RuntimeError(f"{type(self).__name__} chose ineligible replica {best_id!r}")
+        return RoutingDecision(best_id, "llm_d_scorer (score, higher wins)")
+
+    def _pick(self, request: RequestFacts, t: ScorerTerms, now_s: float) -> str:
+        """``_best`` on the candidates' terms (kept ones, ``t.order`` set, or made for this decision)."""
+        pw = self.params.prefix_weight
         hashes = request.block_hashes
         n_blocks = len(hashes)
-        q = list(map(_NUM_WAITING, candidates))
-        q_lo, q_hi = min(q), max(q)
-        # the queue and kv terms exactly as scores() computes them; its total is (prefix + queue) + kv
-        if q_hi == q_lo:
-            queue = [qw * 1.0] * len(candidates)
-        else:
-            span = q_hi - q_lo
-            queue = [qw * ((q_hi - w) / span) for w in q]
-        kv = [kw * (1.0 - u) for u in map(_KV_USAGE, candidates)]
-        ids = list(map(_REPLICA_ID, candidates))
+        ids, queue, kv, bounds = t.ids, t.queue, t.kv, t.bounds
+        n = len(ids)  # with kept terms, slots of candidates dropped since (bound -inf) count here too
         if not n_blocks:
-            zero = pw * 0.0
-            totals = [zero + a + b for a, b in zip(queue, kv)]
-            best = min(range(len(candidates)), key=lambda i: (-totals[i], ids[i]))
-            return ids[best]
-        bounds = [pw + a + b for a, b in zip(queue, kv)]  # pw * (n_blocks / n_blocks) == pw
+            if t.idle_best is None:
+                zero = pw * 0.0
+                totals = [zero + a + b for a, b in zip(queue, kv)]
+                t.idle_best = min(range(n), key=lambda i: (-totals[i], ids[i]))
+            return ids[t.idle_best]
         index = self.index
         match = index.matcher(hashes, now_s)
         # The first exact total: the session's replica, else the first candidate of highest bound (the one
         # a descending sort would put first).
-        first = self._session_seed(request, ids)
-        if first < 0:
-            first = max(range(len(ids)), key=bounds.__getitem__)
+        if t.order is None:
+            first = self._session_seed(request, ids)
+            if first < 0:
+                first = max(range(n), key=bounds.__getitem__)
+        else:
+            first = session_position(self._session_at, request, t.pos)  # type: ignore[arg-type]
+            if first < 0:
+                first = t.order[0]
         best_id = ids[first]
         best_total = pw * (match(best_id) / n_blocks) + queue[first] + kv[first]
         # Candidates that may still win, in one pass. With the match stopped before block k a candidate
@@ -252,14 +209,17 @@ class LlmDScorerRouter(_PrefixIndexRouter):
         # float estimate; the test is the exact expression, and a candidate that fails it or holds block
         # k in its index goes to the exact loop below.
         lrus = index._lru  # ApproxPrefixIndex.holds inlined: this pass visits every candidate
-        n = len(ids)
-        if pw and n > _ONE_PASS_MIN:
-            k = min(max(math.ceil((best_total - (max(bounds) - pw)) / pw * n_blocks) - 1, 0), n_blocks - 1)
+        if pw and t.size > _ONE_PASS_MIN:
+            k = min(max(math.ceil((best_total - (t.max_bound - pw)) / pw * n_blocks) - 1, 0), n_blocks - 1)
             at_k = pw * (k / n_blocks)
             h = hashes[k]
-            live = [i for i in range(n) if bounds[i] >= best_total and i != first
-                    and ((t := at_k + queue[i] + kv[i]) > best_total or (t == best_total and ids[i] < best_id)
-                         or h in lrus.get(ids[i], ()))]
+            if t.order is None:
+                live = [i for i in range(n) if bounds[i] >= best_total and i != first
+                        and ((s := at_k + queue[i] + kv[i]) > best_total or (s == best_total and ids[i] < best_id)
+                             or h in lrus.get(ids[i], ()))]
+            else:  # the same list from kept terms: holders of block k in C, the rest by descending bound
+                live = live_by_bound(t, lrus, first=first, best_total=best_total, best_id=best_id, at_k=at_k,
+                                     pw=pw, block=h)
         else:
             live = [i for i in range(n) if bounds[i] >= best_total and i != first]
         # descending bound; equal bounds keep the candidates' replica_id order (a reverse sort is stable)
@@ -273,8 +233,8 @@ class LlmDScorerRouter(_PrefixIndexRouter):
                 # before it, so the total is at most t(k). k is picked as the largest count whose total
                 # may lose to the best (the float estimate only picks k; the test is exact).
                 k = min(max(math.ceil((best_total - a - b) / pw * n_blocks) - 1, 0), n_blocks - 1)
-                t = pw * (k / n_blocks) + a + b
-                if t < best_total or (t == best_total and rid > best_id):
+                s = pw * (k / n_blocks) + a + b
+                if s < best_total or (s == best_total and rid > best_id):
                     lru = lrus.get(rid)
                     if lru is None or hashes[k] not in lru:
                         continue

@@ -99,6 +99,23 @@ class RoutingDecision:
     scores: tuple[tuple[str, float], ...] = ()
 
 
+class CandidateList(list):
+    """A host's list of replica snapshots with a promise, for routers that keep per-list work.
+
+    ``epoch`` is a number the host changes whenever the list's members, their order, or any field of a
+    listed replica except ``outstanding_tokens`` may have changed (a real router knows when it scraped,
+    marked a replica down or added one); epochs are never reused. ``removed`` names the replicas taken
+    out since the epoch began (a real router knows which it stopped sending to), oldest first. Two lists
+    with the same epoch are the list the epoch began with less their ``removed``, in the same order with the
+    same scraped fields, and a later list's ``removed`` extends an earlier one's. So a router may keep what it
+    derived from those fields (eligibility, scraped-signal scores) and update it as replicas leave; it must
+    still read ``outstanding_tokens`` afresh. A plain list promises nothing, and a router that does not use
+    the promise treats this as a plain list.
+    """
+
+    __slots__ = ("epoch", "removed")
+
+
 @runtime_checkable
 class RouterPolicy(Protocol):
     """What a router offers its host. Implementations get params and a seed in the constructor.
