@@ -34,7 +34,7 @@ from twin.policies.queueing import (
     parse_queue_config,
 )
 from twin.policies.routing import NO_ELIGIBLE_REPLICA, ROUTERS, BaseRouter, RouterParams
-from twin.policies.types import ReplicaSnapshot, RequestFacts, RouterPolicy, RoutingDecision
+from twin.policies.types import CandidateList, ReplicaSnapshot, RequestFacts, RouterPolicy, RoutingDecision
 
 from twin.policies.alerts import AlertEvaluator, AlertRule, AlertTransition
 from twin.policies.autoscaling import (
@@ -94,6 +94,7 @@ __all__ = [
     "BaseAdmission",
     "BaseQueuePolicy",
     "BaseRouter",
+    "CandidateList",
     "QueueConfig",
     "QueueDecision",
     "QueueItem",
