@@ -4,7 +4,7 @@
     python -m benchmarks --fleet-scale 0.25 --multiples 1,4,16 --sim-s 30   # the issue's 0.25x/1x/4x fleets
 
 The second form is the issue's three fleet sizes (0.25, 1.0 and 4.0 times the 10M-user note's ~540 replicas) for a
-shorter window than its 10 simulated minutes: about 9 CPU-minutes and 7 GB at 30 simulated s on the machine of
+shorter window than its 10 simulated minutes: 6–9 CPU-minutes and 7 GB at 30 simulated s on the machine of
 docs/performance.md; 600 s would take hours and more memory than that machine has.
 """
 
