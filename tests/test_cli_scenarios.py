@@ -79,6 +79,8 @@ def test_failed_run_leaves_its_manifest(tmp_path, capsys):
     (lambda r: r["workload"].update(num_requets=3), "workload.num_requets"),
     (lambda r: r["workload"]["arrival"].update(rate_per_s=-1), "workload.arrival.rate_per_s"),
     (lambda r: r["replica"]["engine"].update(max_num_seqs="many"), "replica.engine.max_num_seqs"),
+    # block 0 is the null block: one block used to pass validation and fail the run (found by the fuzz test below)
+    (lambda r: r["replica"]["engine"].update(num_gpu_blocks=1), "replica.engine.num_gpu_blocks"),
     (lambda r: r["replica"].update(step_time={"kind": "profile", "profile": "llama3-70b-fp9-tp4-h100"}),
      "replica.step_time.profile"),
     (lambda r: r["workload"]["arrival"].update(kind="poison"), "workload.arrival"),

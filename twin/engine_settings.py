@@ -17,7 +17,8 @@ class EngineSettings(_Model):
     """vLLM scheduler/cache knobs, with vLLM 0.33's GPU server defaults on H100-class GPUs."""
 
     block_size: PosInt = 16
-    num_gpu_blocks: PosInt | None = None  # None: derived from the profile's memory, as vLLM derives it
+    # None: derived from the profile's memory, as vLLM derives it; at least 2 (block 0 is the null block)
+    num_gpu_blocks: Annotated[int, Field(ge=2)] | None = None
     gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] = 0.92
     max_num_batched_tokens: PosInt = 8192
     max_num_seqs: PosInt = 1024
