@@ -74,19 +74,11 @@ def _cross_validate(args: argparse.Namespace, options: object) -> int:
     from twin.calibration.calibrate import CalibrationError
     from twin.calibration.crossval import cross_validate, format_cv_table
     from twin.calibration.recorded import RecordedRunError
-    from twin.results import dumps, write_text_atomic
+    from twin.commands._report import print_report
 
-    try:
-        report = cross_validate(args.run_dirs, options=options, noise=args.noise,  # type: ignore[arg-type]
-                                seeds=args.seeds or 1)
-    except (CalibrationError, RecordedRunError, ValueError, OSError) as exc:
-        print(f"twin calibrate: {exc}", file=sys.stderr)
-        return 2
-    print(format_cv_table(report))
-    if args.json is not None:
-        write_text_atomic(args.json, dumps(report))
-        print(f"wrote {args.json}")
-    return 0
+    return print_report("calibrate", lambda: cross_validate(args.run_dirs, options=options,  # type: ignore[arg-type]
+                                                            noise=args.noise, seeds=args.seeds or 1),
+                        format_cv_table, args.json, (CalibrationError, RecordedRunError, ValueError, OSError))
 
 
 def run(args: argparse.Namespace) -> int:

@@ -25,19 +25,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from twin.calibration.fidelity import fidelity, format_table
     from twin.calibration.recorded import RecordedRunError
+    from twin.commands._report import print_report
     from twin.engine_profiles import UnknownProfileError
-    from twin.results import dumps, write_text_atomic
 
     if not 0 < args.tolerance < 10:
         print("twin fidelity: --tolerance must be a positive fraction", file=sys.stderr)
         return 2
-    try:
-        report = fidelity(args.run_dirs, profile=args.profile, tolerance=args.tolerance, noise=args.noise)
-    except (RecordedRunError, UnknownProfileError, ValueError, OSError) as exc:
-        print(f"twin fidelity: {exc}", file=sys.stderr)
-        return 2
-    print(format_table(report))
-    if args.json is not None:
-        write_text_atomic(args.json, dumps(report))
-        print(f"wrote {args.json}")
-    return 0
+    return print_report("fidelity", lambda: fidelity(args.run_dirs, profile=args.profile, tolerance=args.tolerance,
+                                                     noise=args.noise),
+                        format_table, args.json, (RecordedRunError, UnknownProfileError, ValueError, OSError))
