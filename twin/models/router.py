@@ -22,6 +22,11 @@ from twin.policies import ReplicaSnapshot, RequestFacts, RoutingDecision, build_
 from twin.policies.types import CandidateList
 
 
+def _room_key(model: str, allowed_regions: Sequence[str] | None, pool: str | None, max_waiting: int) -> tuple:
+    """The key of a room list (``Router._room``, ``_epoch``); a region's part adds the region."""
+    return (model, None if allowed_regions is None else tuple(allowed_regions), pool, max_waiting)
+
+
 class ReplicaHandle:
     """What the fleet knows about one replica besides the engine: placement and model."""
 
@@ -121,9 +126,9 @@ class Router:
         (0 = no limit).
         """
         # the current snapshots (the ledger refreshes them) of the replicas with room, in C
-        out = CandidateList(map(self.snapshots.__getitem__, self._with_room(model, allowed_regions, max_waiting, pool)))
-        out.epoch, out.removed = self._epoch[
-            (model, None if allowed_regions is None else tuple(allowed_regions), pool, max_waiting)]
+        key = _room_key(model, allowed_regions, pool, max_waiting)
+        out = CandidateList(map(self.snapshots.__getitem__, self._with_room(key)))
+        out.epoch, out.removed = self._epoch[key]
         return out
 
     def candidates_for(self, facts: RequestFacts, allowed_regions: Sequence[str] | None, max_waiting: int,
@@ -134,9 +139,9 @@ class Router:
         same either way (it keeps the steered region's eligible replicas when there are any), and it reads
         about a third of the list in a three-region fleet (all of them healthy: ``_placed`` holds no other).
         """
-        room = self._with_room(facts.model, allowed_regions, max_waiting, pool)
+        key = _room_key(facts.model, allowed_regions, pool, max_waiting)
+        room = self._with_room(key)
         region = facts.region
-        key = (facts.model, None if allowed_regions is None else tuple(allowed_regions), pool, max_waiting)
         if self._regional and region is not None and not facts.needs_long_context:
             local_key = (*key, region)
             local = self._room.get(local_key)
@@ -152,12 +157,12 @@ class Router:
         out.epoch, out.removed = self._epoch[key]
         return out
 
-    def _with_room(self, model: str, allowed_regions: Sequence[str] | None, max_waiting: int,
-                   pool: str | None) -> list[int]:
+    def _with_room(self, key: tuple) -> list[int]:
+        """The indices of the replicas with room under ``key`` (``_room_key``), kept until they change."""
         snaps = self.snapshots
-        key = (model, None if allowed_regions is None else tuple(allowed_regions), pool, max_waiting)
         room = self._room.get(key)
         if room is None:
+            model, allowed_regions, pool, max_waiting = key
             placed_key = key[:3]
             placed = self._placed.get(placed_key)
             if placed is None:
