@@ -129,7 +129,7 @@ def test_fixture_requests_rebuild_from_their_spec(run_dir: Path) -> None:
 def test_workload_spec_rejects_unknown_and_inconsistent_fields() -> None:
     from pydantic import ValidationError
 
-    from twin.calibration.workloads import FIXTURES as SPECS
+    from twin.calibration.workload_sets import FIXTURES as SPECS
     from twin.calibration.workloads import WorkloadSpec
 
     data = SPECS["offline-mixed"].model_dump()

@@ -43,7 +43,7 @@ def _load_spec(path: Path):
 
 
 def run(args: argparse.Namespace) -> int:
-    from twin.calibration import workloads
+    from twin.calibration import workload_sets as workloads
     from twin.calibration.record import DEFAULT_VENV, RecordError, record_workload
 
     if args.list:
