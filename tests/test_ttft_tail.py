@@ -78,3 +78,21 @@ def test_the_prefix_mix_p90_is_low_where_the_run_started_cold() -> None:
     for run in runs.values():  # the pair sent 0.4 ms apart, one opening the second prefix, in every real tail
         assert {17, 18} <= {r.order for r in run.tail()}
         assert run.rows[17].opens_prefix and run.rows[18].cached_tokens == 512
+
+
+def test_fidelity_reports_the_cold_start_of_server_runs_only(tmp_path: Path) -> None:
+    from twin.calibration.fidelity import format_table
+    from twin.calibration.ttft import cold_start
+    from twin.engine_profiles import load_profile
+    from twin.engine_profiles.derive import write_spec
+
+    runs = [QUIET2 / "held-out" / "heldout-offline-kv-prefix", PREFIX_MIX[2]]
+    report = fidelity(runs, profile=PROFILE)
+    offline, server = report["runs"]
+    assert "cold_start" not in offline
+    excess, sent = cold_start(load_recorded_run(PREFIX_MIX[2]), PROFILE)
+    assert server["cold_start"] == {"first_token_excess_s": excess, "sent_before_first_token": sent}
+    assert f"cold start: the first token came {excess * 1e3:+.1f} ms" in format_table(report)
+    bare = tmp_path / "no-server.yaml"  # without a server section there is no server model to measure it against
+    write_spec(load_profile(PROFILE).spec.model_copy(update={"server": None}), bare)
+    assert all("cold_start" not in r for r in fidelity(runs, profile=str(bare))["runs"])
