@@ -96,3 +96,18 @@ def test_fidelity_reports_the_cold_start_of_server_runs_only(tmp_path: Path) -> 
     bare = tmp_path / "no-server.yaml"  # without a server section there is no server model to measure it against
     write_spec(load_profile(PROFILE).spec.model_copy(update={"server": None}), bare)
     assert all("cold_start" not in r for r in fidelity(runs, profile=str(bare))["runs"])
+
+
+def test_the_cold_start_is_measured_beyond_a_fitted_first_step_term(tmp_path: Path) -> None:
+    from twin.calibration.ttft import cold_start
+    from twin.engine_profiles import load_profile
+    from twin.engine_profiles.derive import write_spec
+
+    rec = load_recorded_run(PREFIX_MIX[0])
+    spec = load_profile(PROFILE).spec
+    assert spec.server is not None and not spec.server.step_time.first_step_s
+    with_term = tmp_path / "first-step.yaml"
+    server = spec.server.model_copy(update={"step_time": spec.server.step_time.model_copy(update={"first_step_s": 0.01})})
+    write_spec(spec.model_copy(update={"server": server}), with_term)
+    (plain, sent), (less, sent2) = cold_start(rec, PROFILE), cold_start(rec, str(with_term))
+    assert plain is not None and less == pytest.approx(plain - 0.01, abs=1e-12) and sent == sent2 == 2

@@ -108,8 +108,9 @@ def run_rows(rec: RecordedRun, twin_ttft_s: dict[str, float], *, window_s: float
 
 def cold_start(rec: RecordedRun, profile: str) -> tuple[float | None, int]:
     """``(excess_s, sent_before)``: the first request's first-token time beyond the profile's server model
-    (``calibrate.first_step_excess_s`` with the server section's arrival, front end and step time; None without a
-    server section), and the requests sent before that token reached the client."""
+    (``calibrate.first_step_excess_s`` with the server section's arrival, front end and step time, less its
+    ``first_step_s`` where one is fitted; None without a server section), and the requests sent before that token
+    reached the client."""
     from twin.calibration.calibrate import first_step_excess_s
     from twin.calibration.regimes import predict_model_s
     from twin.engine_profiles import load_profile
@@ -126,7 +127,7 @@ def cold_start(rec: RecordedRun, profile: str) -> tuple[float | None, int]:
         steps.elapsed_s, float(predict_model_s(sv.step_time, steps.shapes[:1])[0]),
         first_token_s=q.token_times_s[0] - sv.arrival_s, token_step=int(steps.token_steps[q.request_id][0]),
         fixed_s=sv.step_time.overhead_s + sv.per_chunk_s * steps.chunks)
-    return excess, sent_before
+    return excess - (sv.step_time.first_step_s or 0.0), sent_before
 
 
 def ttft_report(run_dirs: Sequence[str | Path], *, profile: str, noise: bool | None = None, noise_seed: int = 0,
