@@ -207,8 +207,11 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
                 "twin_recorded_steps": twin_r, "rel_error_recorded_steps": err_r,
                 "pass_recorded_steps": None if err_r is None else bool(abs(err_r) <= tol),
             }
-        runs.append({"run": str(rec.path), "name": rec.path.name, "mode": rec.run.mode, "requests": len(rec.requests),
-                     "workload_key": key, "repeats": len(members), "items": items})
+        entry = {"run": str(rec.path), "name": rec.path.name, "mode": rec.run.mode, "requests": len(rec.requests),
+                 "workload_key": key, "repeats": len(members), "items": items}
+        if rec.run.mode == "server" and prof.spec.server is not None:
+            entry["cold_start"] = _cold_start(rec, profile)
+        runs.append(entry)
     verdicts = [it["pass"] for r in runs for it in r["items"].values() if it["pass"] is not None]
     sv = prof.spec.server
     return {
@@ -220,6 +223,21 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
         "summary": {"items": len(verdicts), "passed": sum(1 for v in verdicts if v),
                     "failed": sum(1 for v in verdicts if not v)},
     }
+
+
+def _cold_start(rec: RecordedRun, profile: str) -> dict[str, Any] | None:
+    """How much later a server run's first token came than the server section puts it, and the requests sent before
+    it (``twin.calibration.ttft.cold_start``): a freshly started server's first requests are slow, and where more
+    requests come in meanwhile the first few land in the TTFT tail (docs/calibration.md, "The server TTFT tail on the
+    prefix mix"). None when the run's steps cannot be reconstructed (preemptions)."""
+    from twin.calibration.server import ReconstructionError
+    from twin.calibration.ttft import cold_start
+
+    try:
+        excess_s, sent = cold_start(rec, profile)
+    except ReconstructionError:
+        return None
+    return {"first_token_excess_s": excess_s, "sent_before_first_token": sent}
 
 
 def _fmt(value: Any, scale: float) -> str:
@@ -277,6 +295,10 @@ def format_table(report: dict[str, Any]) -> str:
             lines.append(f"  {lab:<16}{_fmt(it['real'], scale):>11}{_fmt(it['twin'], scale):>11}{_pct(it['rel_error']):>9}"
                          f"{it['tolerance']:>7.0%}{sp:>8}  {_verdict(it['pass']):<8}"
                          f"{_fmt(it['twin_recorded_steps'], scale):>11}{_pct(it['rel_error_recorded_steps']):>9}")
+        cold = r.get("cold_start")
+        if cold is not None and cold["first_token_excess_s"] is not None:
+            lines.append(f"  cold start: the first token came {cold['first_token_excess_s'] * 1e3:+.1f} ms after the "
+                         f"server model puts it; {cold['sent_before_first_token']} more requests were sent before it")
     s = report["summary"]
     lines += ["", "twin = replay with the profile's step times (verdict); twin* = replay with the recorded step "
                   "times + the profile's overhead (server runs: + the server front end; their steps do not line up "
