@@ -76,3 +76,11 @@ def test_record_server(vllm_venv: Path, tmp_path: Path) -> None:
     rec = load_recorded_run(out)
     assert rec.run.metrics_delta is not None and rec.metric("prompt_tokens") == sum(r.prompt_tokens for r in rec.requests)
     assert rec.run.workload["num_gpu_blocks_source"]
+    # The warm-up ran (one-token requests decoding at every batch size up to the smaller of max_num_seqs
+    # and block size - 1) and left no trace in the run: its requests are not listed, the step sums in _check hold for the measured requests alone, and no prefix-cache
+    # query of the run came from it (the counters' baseline is taken after it).
+    assert rec.run.workload["warmup_requests"] == min(rec.run.max_num_seqs, rec.run.block_size - 1)
+    assert all(not r.request_id.startswith("warmup-") for r in rec.requests)
+    assert rec.metric("prefix_cache_queries") == sum(r.prompt_tokens for r in rec.requests)
+    assert int(rec.iterations.ctx_tokens.sum()) == sum(r.prompt_tokens - (r.num_cached_tokens or 0) for r in rec.requests)
+    assert int(rec.iterations.gen_tokens.sum()) == sum(r.output_tokens - 1 for r in rec.requests)

@@ -15,8 +15,9 @@ lines come from vLLM's own ``--enable-logging-iteration-details`` logger (captur
 
 Server mode: ``vllm serve`` on 127.0.0.1 at a free port, started in this process's session (its own
 process group, so it can be killed as a whole); requests are streamed to ``/v1/completions`` at their
-``arrival_s`` with ``return_token_ids``; ``/metrics`` is scraped before and after; iteration lines and
-``num_gpu_blocks`` are parsed from the server's log.
+``arrival_s`` with ``return_token_ids``, after a short warm-up (:func:`warm_up`; ``job["warmup"]``);
+``/metrics`` is scraped before and after; iteration lines and ``num_gpu_blocks`` are parsed from the
+server's log.
 """
 
 from __future__ import annotations
@@ -416,6 +417,31 @@ async def _send_all(base: str, model: str, reqs: list[dict], timeout_s: float) -
     return [results[r["request_id"]] for r in reqs], loop.time() - t0
 
 
+def warm_up(base: str, model: str, engine: dict, cache_info: dict[str, str], timeout_s: float) -> int:
+    """Serve a few requests before the measured run, as ``vllm bench serve`` does its initial test prompt.
+
+    A fleet's servers are warm; a freshly started ``vllm serve`` is not: its first requests came 5-37 ms
+    later than the server model in 2026-11-29 recordings (docs/calibration.md, "The server TTFT tail"),
+    a different amount every start, and a decode step at a batch size not yet seen ran 1.3-1.6x slower.
+    ``n`` requests of one token (the BOS id, which no workload prompt uses) ask for 1..n tokens, so they
+    decode at every batch size from n down to 1. Each stays inside one KV block (n < block size), which is
+    never full, so nothing is hashed into the prefix cache; the ``/metrics`` baseline and the iteration
+    log are taken after it, so neither counts it. Returns ``n``.
+    """
+    import asyncio
+
+    block_size = int(cache_info.get("block_size") or 16)
+    n = min(engine["max_num_seqs"], block_size - 1)
+    if engine.get("num_gpu_blocks_override"):
+        n = min(n, int(engine["num_gpu_blocks_override"]) - 1)  # one block each, none preempted
+    n = max(n, 1)
+    reqs = [{"request_id": f"warmup-{i}", "arrival_s": 0.0, "prompt_token_ids": [1], "max_tokens": i + 1}
+            for i in range(n)]
+    asyncio.run(_send_all(base, model, reqs, timeout_s))
+    time.sleep(1.0)  # the warm-up's last iteration lines reach the log before the run's offset is taken
+    return n
+
+
 def run_server(job: dict) -> None:
     import asyncio
 
@@ -440,6 +466,12 @@ def run_server(job: dict) -> None:
             if time.monotonic() > deadline:
                 raise TimeoutError("vllm serve did not become healthy in time")
             time.sleep(0.5)
+        warmup = 0
+        if job.get("warmup", True):
+            status, text = http_get(base + "/metrics")
+            if status != 200:
+                raise RuntimeError("could not scrape /metrics before the warm-up")
+            warmup = warm_up(base, model, engine, parse_prometheus(text)[1], job["timeout_s"])
         status, text = http_get(base + "/metrics")
         if status != 200:
             raise RuntimeError("could not scrape /metrics before the run")
@@ -482,6 +514,7 @@ def run_server(job: dict) -> None:
     run = base_run(job, "server", args)
     workload = dict(job["workload"])
     workload["num_gpu_blocks_source"] = source
+    workload["warmup_requests"] = warmup
     kv = KV_SIZE_RE.search(full_log)
     if kv:
         # The start-up line "KV cache size: N tokens" counts every block, the null block included.

@@ -88,11 +88,13 @@ def record_workload(
     mode: str | None = None,
     timeout_s: float = 900.0,
     keep_scratch: bool = False,
+    warmup: bool = True,
 ) -> Path:
     """Run ``spec`` on a real vLLM and write ``out_dir/{run.json, requests.jsonl, iterations.csv}``.
 
     ``mode`` overrides ``spec.mode`` (a server-mode spec can be recorded offline only if its arrivals
-    are ``all_at_once``). Raises :class:`RecordError` if the engine run fails or times out; nothing is
+    are ``all_at_once``). ``warmup`` (server mode): serve a few one-token requests before the measured run,
+    so the server is warm as a fleet's is (``_vllm_worker.warm_up``). Raises :class:`RecordError` if the engine run fails or times out; nothing is
     written to ``out_dir`` then.
     """
     if mode is not None and mode != spec.mode:
@@ -115,6 +117,7 @@ def record_workload(
             "scratch_dir": str(scratch),
             "out_dir": str(scratch / "run"),
             "timeout_s": timeout_s,
+            "warmup": warmup,
             "engine": spec.engine.model_dump(mode="json"),
             "workload": describe(spec) | {"model": spec.model},
             "requests": [

@@ -31,6 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=["offline", "server"], default=None, help="override the spec's mode")
     parser.add_argument("--vllm-venv", type=Path, default=None, help="vLLM virtual environment (default .vllm-venv)")
     parser.add_argument("--timeout-s", type=float, default=900.0, help="limit for the engine run itself")
+    parser.add_argument("--no-warmup", action="store_true",
+                        help="server mode: send the measured requests to a cold server (no warm-up requests first)")
     parser.add_argument("--keep-scratch", action="store_true", help="keep the scratch folder (engine log) for debugging")
 
 
@@ -79,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     for spec, out in jobs:
         print(f"recording {spec.name} ({args.mode or spec.mode}, {spec.num_requests} requests) -> {out}", flush=True)
         try:
-            record_workload(spec, out, vllm_venv=venv, mode=args.mode, timeout_s=args.timeout_s, keep_scratch=args.keep_scratch)
+            record_workload(spec, out, vllm_venv=venv, mode=args.mode, timeout_s=args.timeout_s, keep_scratch=args.keep_scratch,
+                            warmup=not args.no_warmup)
         except (RecordError, ValueError, ValidationError) as exc:
             print(f"twin record: {spec.name} failed: {exc}", file=sys.stderr)
             failed += 1
