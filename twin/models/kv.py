@@ -15,9 +15,10 @@ blocks, LRU by release time) is an ``array`` of block ids read from a moving fro
 (4 bytes an entry instead of an OrderedDict node's ~100: a fleet holds hundreds of pools of ~87k blocks).
 A block's ref count and tail position share one state word (``st``).
 
-Blocks whose content starts with a virtual segment are registered lazily (``twin.models.kv_lazy``): marked
-cached, but hashed and put into ``cached`` only before a lookup that could name them; the map then holds
-what eager registration would (docs/engine.md, "Speed by design"; tests/test_kv_lazy.py).
+Blocks whose content starts with a virtual segment are registered lazily (``twin.models.kv_lazy``): counted
+as cached by an entry per run of a request's blocks (no hash, nothing stored per block), hashed and put into
+``cached`` only before a lookup that could name them; the map then holds what eager registration would
+(docs/engine.md, "Speed by design"; tests/test_kv_lazy.py, tests/test_kv_runs.py).
 
 Memory note: a pool whose blocks are all cached holds ``cached`` (hash -> block) and the hashes
 themselves for the blocks materialised; those dominate what is left (~11 MB for 87k blocks, all hashed).
@@ -26,8 +27,7 @@ themselves for the blocks materialised; those dominate what is left (~11 MB for 
 from __future__ import annotations
 
 from array import array
-from collections import OrderedDict
-from itertools import groupby
+from collections import OrderedDict, deque
 from operator import itemgetter
 from struct import pack
 from typing import TYPE_CHECKING
@@ -46,7 +46,7 @@ class BlockPool(LazyIndex, PoolChecks):
     __slots__ = (
         "num_blocks", "block_size", "caching", "bhash", "head", "fresh", "cached", "dups",
         "max_model_len", "tail_ids", "tail_first", "tail_base", "st", "tail_len", "lazy", "n_lazy", "pend",
-        "n_shared", "stv",
+        "n_shared", "stv", "runs",
     )
 
     def __init__(self, *, num_blocks: int, block_size: int, enable_prefix_caching: bool, max_model_len: int) -> None:
@@ -83,6 +83,8 @@ class BlockPool(LazyIndex, PoolChecks):
         # Blocks registered without their hash (see _Lazy): key -> entries in registration order.
         self.lazy: dict[int, list[_Lazy]] = {}
         self.n_lazy = 0  # entries in ``lazy``
+        # Released lazy entries in tail order (by ``end``), each dropped from ``lazy`` once the front passes it.
+        self.runs: deque[_Lazy] = deque()
         # Deferred registration (the engine's decode group): output segment -> the one request whose full blocks
         # past ``num_cached_blocks`` count as registered without being written (up to ``computed_now // bs``).
         # Written out (``_write_pending``) before any lookup or other request's registration under that segment,
@@ -122,6 +124,7 @@ class BlockPool(LazyIndex, PoolChecks):
             self.tail_first = 0
             return
         keep = self._tail_order()
+        front = self.tail_base + first
         self.tail_base += len(ids)  # fresh absolute positions: no old entry can match them
         self.tail_ids = array("i", keep)
         self.tail_first = 0
@@ -129,6 +132,8 @@ class BlockPool(LazyIndex, PoolChecks):
         at, base = self.st, self.tail_base
         for i, b in enumerate(keep):
             at[b] = base + i
+        if self.runs:
+            self._runs_moved(front)
 
     # ---- lookup -------------------------------------------------------------------------------
     def find_hit(self, req: EngineRequest) -> list[int]:
@@ -166,12 +171,9 @@ class BlockPool(LazyIndex, PoolChecks):
         return hits
 
     # ---- allocation ---------------------------------------------------------------------------
-    def _pop_free(self, n: int, out: list[int], keep: int = 0) -> None:
-        """Pop ``n`` blocks off the free queue (head, then never-used blocks, then tail) into ``out``. ``keep``:
-        the caller registers the first ``keep`` of them at once (admission), so the bulk path need not clear
-        their hashes (nothing reads a held block's hash before its registration overwrites it)."""
+    def _pop_free(self, n: int, out: list[int]) -> None:
+        """Pop ``n`` blocks off the free queue (head, then never-used blocks, then tail) into ``out``."""
         head, bhash, st = self.head, self.bhash, self.st
-        keep -= n  # (minus the blocks left to pop: > 0 for those the caller overwrites)
         while n and head:
             b, _ = head.popitem(last=False)
             h = bhash[b]
@@ -190,35 +192,26 @@ class BlockPool(LazyIndex, PoolChecks):
                 n -= k
         if n:  # the LRU end of the cached-free blocks: evict as we go
             ids, i = self.tail_ids, self.tail_first
-            cached = self.cached
             live = self.tail_len
             self.tail_len = live - n
             if len(ids) - i == live and not self.dups:
                 # Bulk path (the usual case): no stale entry from the front on, so the next n entries are the
-                # blocks to pop; and with no duplicate hash, each block's hash maps to that very block.
+                # blocks to pop; and with no duplicate hash, each block's hash maps to that very block. Lazily
+                # registered blocks carry no hash (their entries are dropped per run, below): the hashes are
+                # read in one C-level pass and, in the usual case of none, nothing is done per block.
                 end = i + n
                 blk = ids[i:end].tolist()
-                # The hashes read in one C-level pass, then handled per run of equal entries: a released
-                # request's blocks sit together in the tail, so a pop meets a few _Lazy entries in long runs
-                # (one ``live`` update per run instead of per block). Entries are compared by identity (_Lazy
-                # has no __eq__); runs keep the blocks' order, so entries drop in the order they would one by one.
                 hs = itemgetter(*blk)(bhash) if n > 1 else (bhash[blk[0]],)
-                for b in (blk[keep + n:] if keep + n > 0 else blk):  # (st keeps the consumed position: see __init__)
-                    bhash[b] = None
-                for h, run in groupby(hs):
-                    if h is None:
-                        continue
-                    if h.__class__ is int:
-                        for _ in run:  # (a run of one: without duplicates no two blocks share a hash)
+                if hs.count(None) != n:
+                    cached = self.cached
+                    for b, h in zip(blk, hs):  # (st keeps the consumed position: see __init__)
+                        if h is not None:
+                            bhash[b] = None
                             del cached[h]
-                    else:  # a _Lazy entry (no key in ``cached``): that many blocks fewer
-                        h.live -= len(list(run))
-                        if not h.live:
-                            self._drop(h)
                 out.extend(blk)
                 self.tail_first = end
             else:
-                dups, base = self.dups, self.tail_base
+                cached, dups, base = self.cached, self.dups, self.tail_base
                 for _ in range(n):
                     b = ids[i]
                     while st[b] != base + i:  # a stale entry
@@ -228,9 +221,7 @@ class BlockPool(LazyIndex, PoolChecks):
                     i += 1
                     h = bhash[b]
                     if h is not None:
-                        if h.__class__ is not int:
-                            self._uncache(b, h)
-                        elif h in dups:
+                        if h in dups:
                             self._uncache(b, h)
                         else:
                             bhash[b] = None
@@ -238,15 +229,13 @@ class BlockPool(LazyIndex, PoolChecks):
                                 del cached[h]
                     out.append(b)
                 self.tail_first = i
+            runs = self.runs
+            if runs and runs[0].end <= self.tail_base + self.tail_first:
+                self._runs_passed()
             self._maybe_compact()
 
-    def _uncache(self, b: int, h: int | _Lazy) -> None:
+    def _uncache(self, b: int, h: int) -> None:
         self.bhash[b] = None
-        if h.__class__ is not int:
-            h.live -= 1
-            if not h.live:
-                self._drop(h)
-            return
         if self.cached.get(h) == b:
             extra = self.dups.get(h)
             if extra:
@@ -310,8 +299,8 @@ class BlockPool(LazyIndex, PoolChecks):
             self._maybe_compact()
         blocks = req.blocks
         req.num_cached_blocks = nh
-        if new > 0:  # (_cache registers blocks nh .. full - 1 right after the pop: see _pop_free's ``keep``)
-            self._pop_free(new, blocks, (min(h_tokens + n, req.seq.num_tokens) // bs - nh) if self.caching else 0)
+        if new > 0:
+            self._pop_free(new, blocks)
         self._cache(req, h_tokens + n)
         return True
 
@@ -354,15 +343,13 @@ class BlockPool(LazyIndex, PoolChecks):
             self.tail_first = i + 1
             self.tail_len -= 1
             h = self.bhash[b]
-            if h is not None:
+            if h is not None:  # (a lazily registered block has none: see _Lazy)
                 self.bhash[b] = None
-                if h.__class__ is int:
-                    del self.cached[h]  # no duplicates: the hash maps to this block
-                else:
-                    h.live -= 1
-                    if not h.live:
-                        self._drop(h)
+                del self.cached[h]  # no duplicates: the hash maps to this block
             req.blocks.append(b)
+            runs = self.runs
+            if runs and runs[0].end <= base + i + 1:
+                self._runs_passed()
             if len(ids) - self.tail_len > self.tail_len + 4096:
                 self._maybe_compact()
         elif new > 0:
@@ -428,7 +415,7 @@ class BlockPool(LazyIndex, PoolChecks):
 
     def release(self, req: EngineRequest) -> None:
         """Free a finished or preempted request's blocks, tail first."""
-        st, bhash, head = self.st, self.bhash, self.head
+        st, head = self.st, self.head
         ids = self.tail_ids
         pos = start = self.tail_base + len(ids)
         blocks = req.blocks
@@ -436,11 +423,11 @@ class BlockPool(LazyIndex, PoolChecks):
         if nb > 8 and req.num_cached_blocks >= nb - 1 and (not self.n_shared
                                                             or min(map(st.__getitem__, blocks)) >= -2):
             # The usual case: the request is each of its blocks' only holder (certainly so when no block
-            # anywhere has a second holder; else read from the states) and only its last block may lack a hash
-            # (a held block is hashed iff it is registered, and ``num_cached_blocks`` counts those). The loop
+            # anywhere has a second holder; else read from the states) and only its last block may be unregistered
+            # (``num_cached_blocks`` counts the registered ones, by hash or lazily). The loop
             # below would put that block at the head and append the others to the tail in reverse order: the
-            # same, without reading a block's hash (nor, usually, its state: those reads, at scattered block
-            # ids, were most of release's time).
+            # same, without reading a block's state, usually (those reads, at scattered block ids, were most of
+            # release's time).
             rev = blocks[::-1]
             if req.num_cached_blocks < nb:
                 last = rev[0]
@@ -457,14 +444,18 @@ class BlockPool(LazyIndex, PoolChecks):
             # temporary view of ``tail_ids`` is gone before anything resizes it again.
             self.stv[np.frombuffer(ids, np.intc, n, (len(ids) - n) * ids.itemsize)] = np.arange(start, start + n)
             self.tail_len += n
+            if req.kv_entry is not None:
+                self._runs_released(req, start + n)
             req.blocks = []
             req.num_cached_blocks = 0
-            req.kv_entry = None  # (a released request's next registration starts a new entry anyway)
+            req.kv_entry = None
             return
-        for b in reversed(blocks):
+        ncb = req.num_cached_blocks
+        for i in range(nb - 1, -1, -1):
+            b = blocks[i]
             x = st[b]
             if x == -2 or x >= 0:  # its last holder (held, so x >= 0 is a consumed tail position)
-                if bhash[b] is None:
+                if i >= ncb:  # not registered (a held block is registered iff it is among the first ncb)
                     st[b] = -1
                     head[b] = None
                     head.move_to_end(b, last=False)
@@ -477,6 +468,8 @@ class BlockPool(LazyIndex, PoolChecks):
                 if x == -3:
                     self.n_shared -= 1
         self.tail_len += pos - start
+        if req.kv_entry is not None:
+            self._runs_released(req, None)
         req.blocks = []
         req.num_cached_blocks = 0
         req.kv_entry = None

@@ -38,10 +38,25 @@ class PoolChecks:
             assert r.seq._out_seg == key and r._grp is not None, f"deferred registration of a non-member under {key}"
         entries = [e for lst in self.lazy.values() for e in lst]
         assert len(entries) == self.n_lazy
-        for b in range(1, self.num_blocks):
-            e = self.bhash[b]
-            if e is not None and e.__class__ is not int:
-                assert any(x is e for x in entries), f"block {b}: lazy entry not indexed"
-                assert b in e.blocks[e.i0:e.i1], f"block {b}: outside its lazy entry"
+        front = self.tail_base + self.tail_first
+        runs = list(self.runs)
+        assert all(a.end <= b.end for a, b in zip(runs, runs[1:])), "released lazy entries out of tail order"
+        covered: set[int] = set()
         for e in entries:
-            assert e.live == sum(1 for b in e.blocks[e.i0:e.i1] if self.bhash[b] is e) > 0, "lazy entry's live count"
+            assert not e.flushed, "a materialised entry still indexed"
+            if e.end is None:  # held by its request
+                live = e.blocks[e.i0:e.i1]
+                assert all(self.ref_count(b) == 1 for b in live), "a lazy block held by another request too"
+            else:
+                assert any(x is e for x in runs), "a released lazy entry not in runs"
+                low = max(front, e.pos)
+                k = e.end - low
+                assert 0 < k <= e.i1 - e.i0, "a lazy entry's run"
+                live = e.blocks[e.i0:e.i0 + k]
+                assert [self.st[b] for b in live] == list(range(low + k - 1, low - 1, -1)), "lazy run vs the tail"
+            for b in live:
+                assert self.bhash[b] is None, f"block {b}: a lazily registered block with a hash"
+                assert b not in covered, f"block {b}: in two lazy entries"
+                covered.add(b)
+        for b in tail:  # a freed block goes to the tail iff registered: by hash or by a lazy entry
+            assert self.bhash[b] is not None or b in covered, f"block {b}: in the tail, not registered"
