@@ -11,9 +11,9 @@
 - Prefix hits are capped at ``num_tokens - 1`` tokens (one token must be recomputed for logits).
 
 Hot-path code: plain lists and typed arrays, no per-block objects. The tail of the free queue (cached
-blocks, LRU by release time) is an ``array`` of block ids read from a moving front with lazy deletion
-(4 bytes an entry instead of an OrderedDict node's ~100: a fleet holds hundreds of pools of ~87k blocks).
-A block's ref count and tail position share one state word (``st``).
+blocks, LRU by release time) is a queue of runs of released block lists read from a moving front with lazy
+deletion (``twin.models.kv_tail``; a list entry's 8 bytes instead of an OrderedDict node's ~100: a fleet holds
+hundreds of pools of ~87k blocks). A block's ref count and tail position share one state word (``st``).
 
 Blocks whose content starts with a virtual segment are registered lazily (``twin.models.kv_lazy``): counted
 as cached by an entry per run of a request's blocks (no hash, nothing stored per block), hashed and put into
@@ -28,24 +28,24 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict, deque
-from operator import itemgetter
-from struct import pack
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from twin.models.kv_checks import PoolChecks
 from twin.models.kv_lazy import LazyIndex
+from twin.models.kv_tail import TailQueue
 
 if TYPE_CHECKING:
     from twin.models.kv_lazy import _Lazy
+    from twin.models.kv_tail import _Run
     from twin.models.request import EngineRequest
 
 
-class BlockPool(LazyIndex, PoolChecks):
+class BlockPool(TailQueue, LazyIndex, PoolChecks):
     __slots__ = (
         "num_blocks", "block_size", "caching", "bhash", "head", "fresh", "cached", "dups",
-        "max_model_len", "tail_ids", "tail_first", "tail_base", "st", "tail_len", "lazy", "n_lazy", "pend",
+        "max_model_len", "tail", "front", "tail_end", "st", "tail_len", "lazy", "n_lazy", "pend",
         "n_shared", "stv", "runs",
     )
 
@@ -61,16 +61,18 @@ class BlockPool(LazyIndex, PoolChecks):
         # order (vLLM's initial order) without being materialised; freed unhashed blocks go to the head,
         # freed hashed blocks to the tail.
         self.head: OrderedDict[int, None] = OrderedDict()
-        # The tail: tail_ids[tail_first:] in order, an entry valid iff st[block] is its absolute position
-        # (tail_base + index); a block taken out of the middle (a prefix hit) just gets st = -2.
-        self.tail_ids = array("i")
-        self.tail_first = 0
-        self.tail_base = 0
+        # The tail: runs of entries at absolute positions front .. tail_end - 1 (see kv_tail); an entry of a run
+        # that is not plain is valid iff st[block] is its position: a block taken out of the middle (a prefix
+        # hit) just changes its state.
+        self.tail: deque[_Run] = deque()
+        self.front = 0
+        self.tail_end = 0
         # One state word per block, for ref count and tail position together (the block arrays are read at
-        # random block ids, so fewer arrays means fewer cache misses), with F = tail_base + tail_first the
-        # front's absolute position: st >= F: free, in the tail at that position; 0 <= st < F: held by one
-        # request (popped off the tail by the bulk path, which leaves the consumed position in place rather than
-        # write -2: one store at a scattered block id fewer per popped block); -1: free elsewhere (head, never
+        # random block ids, so fewer arrays means fewer cache misses), with F = ``front``: st >= F: free, in
+        # the tail at that position (a plain run's blocks keep their "held by one" value instead: nothing reads
+        # it while they are in the tail, see kv_tail); 0 <= st < F: held by one
+        # request (popped off the tail, which leaves the consumed position in place rather than write -2: one
+        # store at a scattered block id fewer per popped block); -1: free elsewhere (head, never
         # used); <= -2: held by -1 - st requests. (Positions only grow, and the front only passes a valid entry
         # by popping its block, so a consumed position never reads as free or as a valid entry again.)
         self.st = array("q", [-1]) * num_blocks
@@ -104,36 +106,6 @@ class BlockPool(LazyIndex, PoolChecks):
     def usage(self) -> float:
         """``vllm:kv_cache_usage_perc``: blocks referenced by live requests (cached-free ones excluded)."""
         return 1.0 - self.num_free / (self.num_blocks - 1)
-
-    def _tail_order(self) -> list[int]:
-        at, base, ids = self.st, self.tail_base, self.tail_ids
-        return [b for i in range(self.tail_first, len(ids)) if at[(b := ids[i])] == base + i]
-
-    def _maybe_compact(self) -> None:
-        """Drop consumed and stale entries once they outnumber the valid ones (amortised O(1)). Hot callers
-        test ``len(tail_ids) - tail_len > tail_len + 4096`` themselves before calling."""
-        ids = self.tail_ids
-        if len(ids) - self.tail_len <= self.tail_len + 4096:  # consumed + stale entries vs valid ones
-            return
-        first = self.tail_first
-        if len(ids) - first - self.tail_len <= self.tail_len + 4096:
-            # Mostly consumed entries (the usual case: the pool cycles through the tail): drop that prefix in
-            # one C-level move; absolute positions (tail_base + index) and so ``st`` stay valid.
-            del ids[:first]
-            self.tail_base += first
-            self.tail_first = 0
-            return
-        keep = self._tail_order()
-        front = self.tail_base + first
-        self.tail_base += len(ids)  # fresh absolute positions: no old entry can match them
-        self.tail_ids = array("i", keep)
-        self.tail_first = 0
-        self.tail_len = len(keep)
-        at, base = self.st, self.tail_base
-        for i, b in enumerate(keep):
-            at[b] = base + i
-        if self.runs:
-            self._runs_moved(front)
 
     # ---- lookup -------------------------------------------------------------------------------
     def find_hit(self, req: EngineRequest) -> list[int]:
@@ -191,48 +163,7 @@ class BlockPool(LazyIndex, PoolChecks):
                 self.fresh = fresh + k
                 n -= k
         if n:  # the LRU end of the cached-free blocks: evict as we go
-            ids, i = self.tail_ids, self.tail_first
-            live = self.tail_len
-            self.tail_len = live - n
-            if len(ids) - i == live and not self.dups:
-                # Bulk path (the usual case): no stale entry from the front on, so the next n entries are the
-                # blocks to pop; and with no duplicate hash, each block's hash maps to that very block. Lazily
-                # registered blocks carry no hash (their entries are dropped per run, below): the hashes are
-                # read in one C-level pass and, in the usual case of none, nothing is done per block.
-                end = i + n
-                blk = ids[i:end].tolist()
-                hs = itemgetter(*blk)(bhash) if n > 1 else (bhash[blk[0]],)
-                if hs.count(None) != n:
-                    cached = self.cached
-                    for b, h in zip(blk, hs):  # (st keeps the consumed position: see __init__)
-                        if h is not None:
-                            bhash[b] = None
-                            del cached[h]
-                out.extend(blk)
-                self.tail_first = end
-            else:
-                cached, dups, base = self.cached, self.dups, self.tail_base
-                for _ in range(n):
-                    b = ids[i]
-                    while st[b] != base + i:  # a stale entry
-                        i += 1
-                        b = ids[i]
-                    st[b] = -2
-                    i += 1
-                    h = bhash[b]
-                    if h is not None:
-                        if h in dups:
-                            self._uncache(b, h)
-                        else:
-                            bhash[b] = None
-                            if cached.get(h) == b:
-                                del cached[h]
-                    out.append(b)
-                self.tail_first = i
-            runs = self.runs
-            if runs and runs[0].end <= self.tail_base + self.tail_first:
-                self._runs_passed()
-            self._maybe_compact()
+            self._pop_tail(n, out)
 
     def _uncache(self, b: int, h: int) -> None:
         self.bhash[b] = None
@@ -259,7 +190,7 @@ class BlockPool(LazyIndex, PoolChecks):
         bs = self.block_size
         st = self.st
         nh = len(hits)
-        front = self.tail_base + self.tail_first
+        front = self.front
         evictable = 0
         for b in hits:
             x = st[b]
@@ -296,7 +227,7 @@ class BlockPool(LazyIndex, PoolChecks):
         req.blocks.extend(hits)
         if taken:
             self.tail_len -= taken
-            self._maybe_compact()
+            self._maybe_rebuild()
         blocks = req.blocks
         req.num_cached_blocks = nh
         if new > 0:
@@ -331,27 +262,18 @@ class BlockPool(LazyIndex, PoolChecks):
         bs = self.block_size
         mml = self.max_model_len
         new = -(-(computed_after if computed_after < mml else mml) // bs) - len(req.blocks)
-        if new == 1 and self.tail_len and not self.head and self.fresh == self.num_blocks and not self.dups:
-            # One block off the tail (the usual decode allocation once the pool has cycled): _pop_free(1)
-            # with the stale entries skipped in place.
-            ids, st, i, base = self.tail_ids, self.st, self.tail_first, self.tail_base
-            b = ids[i]
-            while st[b] != base + i:
-                i += 1
-                b = ids[i]
-            st[b] = -2  # ref 1
-            self.tail_first = i + 1
+        if new == 1 and self.tail_len and not self.head and self.fresh == self.num_blocks and self.tail[0].entry:
+            # One block off a plain run at the front of the tail (the usual decode allocation once the pool has
+            # cycled): _pop_free(1) without the general case.
+            r = self.tail[0]
+            f = self.front
+            req.blocks.append(r.ids[r.a + f - r.pos])
             self.tail_len -= 1
-            h = self.bhash[b]
-            if h is not None:  # (a lazily registered block has none: see _Lazy)
-                self.bhash[b] = None
-                del self.cached[h]  # no duplicates: the hash maps to this block
-            req.blocks.append(b)
-            runs = self.runs
-            if runs and runs[0].end <= base + i + 1:
-                self._runs_passed()
-            if len(ids) - self.tail_len > self.tail_len + 4096:
-                self._maybe_compact()
+            self.front = f = f + 1
+            if f == r.end:
+                self.tail.popleft()
+                if self.runs[0].end <= f:
+                    self._runs_passed()
         elif new > 0:
             if new > self.num_free:
                 return False
@@ -412,64 +334,3 @@ class BlockPool(LazyIndex, PoolChecks):
                 self.dups.setdefault(h, []).append(b)
             else:
                 cached[h] = b
-
-    def release(self, req: EngineRequest) -> None:
-        """Free a finished or preempted request's blocks, tail first."""
-        st, head = self.st, self.head
-        ids = self.tail_ids
-        pos = start = self.tail_base + len(ids)
-        blocks = req.blocks
-        nb = len(blocks)
-        if nb > 8 and req.num_cached_blocks >= nb - 1 and (not self.n_shared
-                                                            or min(map(st.__getitem__, blocks)) >= -2):
-            # The usual case: the request is each of its blocks' only holder (certainly so when no block
-            # anywhere has a second holder; else read from the states) and only its last block may be unregistered
-            # (``num_cached_blocks`` counts the registered ones, by hash or lazily). The loop
-            # below would put that block at the head and append the others to the tail in reverse order: the
-            # same, without reading a block's state, usually (those reads, at scattered block ids, were most of
-            # release's time).
-            rev = blocks[::-1]
-            if req.num_cached_blocks < nb:
-                last = rev[0]
-                rev = rev[1:]
-                st[last] = -1
-                head[last] = None
-                head.move_to_end(last, last=False)
-            n = len(rev)
-            # (packed by struct and appended as bytes: array.fromlist converts each item through the argument
-            # parser, ~240 instructions an item against ~150)
-            ids.frombytes(pack(f"{n}i", *rev))
-            # st[rev[j]] = start + j for every j, as one numpy store through views of ``st`` and of the entries
-            # just appended (a Python loop of ~120 stores per request was the largest part of release); the
-            # temporary view of ``tail_ids`` is gone before anything resizes it again.
-            self.stv[np.frombuffer(ids, np.intc, n, (len(ids) - n) * ids.itemsize)] = np.arange(start, start + n)
-            self.tail_len += n
-            if req.kv_entry is not None:
-                self._runs_released(req, start + n)
-            req.blocks = []
-            req.num_cached_blocks = 0
-            req.kv_entry = None
-            return
-        ncb = req.num_cached_blocks
-        for i in range(nb - 1, -1, -1):
-            b = blocks[i]
-            x = st[b]
-            if x == -2 or x >= 0:  # its last holder (held, so x >= 0 is a consumed tail position)
-                if i >= ncb:  # not registered (a held block is registered iff it is among the first ncb)
-                    st[b] = -1
-                    head[b] = None
-                    head.move_to_end(b, last=False)
-                else:
-                    st[b] = pos
-                    ids.append(b)
-                    pos += 1
-            else:
-                st[b] = x + 1
-                if x == -3:
-                    self.n_shared -= 1
-        self.tail_len += pos - start
-        if req.kv_entry is not None:
-            self._runs_released(req, None)
-        req.blocks = []
-        req.num_cached_blocks = 0
-        req.kv_entry = None

@@ -13,10 +13,10 @@ its output segment comes first (``BlockPool.pend``, ``_write_pending``).
 
 from __future__ import annotations
 
-from collections import deque
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from twin.models.kv_tail import _Run
     from twin.models.request import EngineRequest
     from twin.models.tokens import TokenSeq
 
@@ -32,7 +32,7 @@ class LazyIndex:
         entries = self.lazy.pop(key)
         self.n_lazy -= len(entries)
         bhash, cached, dups = self.bhash, self.cached, self.dups
-        front = self.tail_base + self.tail_first
+        front = self.front
         for e in entries:
             e.flushed = True
             i0, i1 = e.i0, e.i1
@@ -48,6 +48,12 @@ class LazyIndex:
                     dups.setdefault(h, []).append(b)
                 else:
                     cached[h] = b
+            run = e.run
+            if run is not None and run.entry is e:  # its plain tail run: now hashed, so positions into ``st``
+                run.entry = None
+                st, top = self.st, e.end - 1 + i0  # (blocks[i] sits at position e.end - 1 - (i - i0))
+                for i in range(i0, i1):
+                    st[blocks[i]] = top - i
 
     def materialise(self) -> dict[int, int]:
         """Every lazily registered block's hash into ``cached`` (for tests and inspection); returns ``cached``.
@@ -84,21 +90,16 @@ class LazyIndex:
         if full > req.num_cached_blocks:
             self._cache_upto(req, full)
 
-    def _runs_released(self, req: EngineRequest, top: int | None) -> None:
-        """``req``'s lazy entries after its release put their blocks in the tail (each entry's blocks are a
-        contiguous run of positions, highest index first): their runs into ``runs``, in tail order. ``top``: one
-        past the tail position of ``req``'s block 0 when the release appended its blocks as one run (the bulk
-        path), else None (the positions are read from ``st``)."""
+    def _runs_released(self, req: EngineRequest) -> None:
+        """``req``'s lazy entries after a release by the per-block path gave their blocks tail positions (each
+        entry's blocks contiguous, highest index first): their runs into ``runs``, in tail order. (The usual
+        release, ``TailQueue.release``, does this itself as it makes each entry's blocks a plain run.)"""
         e = req.kv_entry
         runs = self.runs
         while e is not None:
             if not e.flushed:
-                if top is None:
-                    e.pos = self.st[e.blocks[e.i1 - 1]]
-                    e.end = e.pos + e.i1 - e.i0
-                else:
-                    e.pos = top - e.i1
-                    e.end = top - e.i0
+                e.pos = self.st[e.blocks[e.i1 - 1]]
+                e.end = e.pos + e.i1 - e.i0
                 runs.append(e)  # (a request's newer entries hold its later blocks, which the tail gets first)
             nxt = e.prev
             e.prev = None
@@ -107,28 +108,11 @@ class LazyIndex:
     def _runs_passed(self) -> None:
         """Forget the entries whose whole run the tail's front has passed (every block evicted). Hot callers
         test ``runs and runs[0].end <= front`` themselves before calling."""
-        runs, front = self.runs, self.tail_base + self.tail_first
+        runs, front = self.runs, self.front
         while runs and runs[0].end <= front:
             e = runs.popleft()
             if not e.flushed:
                 self._drop(e)
-
-    def _runs_moved(self, front: int) -> None:
-        """After the tail array's rebuild (new positions for its valid entries; ``front`` was the old front):
-        each released entry's run restated by its blocks still cached (the rebuild keeps runs contiguous)."""
-        st = self.st
-        keep = []
-        for e in self.runs:
-            if e.flushed:
-                continue
-            live = e.end - max(front, e.pos)
-            if live <= 0:  # (every block evicted; callers drop such entries first, see _runs_passed)
-                self._drop(e)
-                continue
-            e.end = st[e.blocks[e.i0 + live - 1]] + live
-            e.pos = e.end - live
-            keep.append(e)
-        self.runs = deque(keep)
 
     def _drop(self, e: _Lazy) -> None:
         """Forget an entry none of whose blocks is cached any more (it would materialise nothing)."""
@@ -158,7 +142,7 @@ class _Lazy:
     entry: a prompt's ~100 blocks are one entry.)
     """
 
-    __slots__ = ("key", "seq", "blocks", "i0", "i1", "prev", "pos", "end", "flushed")
+    __slots__ = ("key", "seq", "blocks", "i0", "i1", "prev", "pos", "end", "flushed", "run")
 
     def __init__(self, key: int, seq: TokenSeq, blocks: list[int], i0: int, i1: int, prev: _Lazy | None) -> None:
         self.key = key
@@ -170,3 +154,4 @@ class _Lazy:
         self.pos: int = 0
         self.end: int | None = None
         self.flushed = False  # materialised (out of the index; its blocks carry their hashes)
+        self.run: _Run | None = None  # its plain tail run (kv_tail), if its release made one
