@@ -76,3 +76,30 @@ def test_entry_dropped_once_its_run_is_evicted() -> None:
     assert c.blocks == [a_blocks[0]]
     assert 7 not in pool.lazy and not pool.runs and pool.n_lazy == 3  # (filler, b, c)
     pool.check_invariants()
+
+
+def test_rebuild_keeps_the_valid_entries_of_a_partly_hit_run() -> None:
+    pool = BlockPool(num_blocks=1 + 100 + 5000, block_size=BS, enable_prefix_caching=True, max_model_len=100_000)
+    lazy = _req(1, [("seg", (7, 100 * BS))])
+    ids = tuple(range(1, 1 + 5000 * BS))
+    eager = _req(2, [("ids", ids)])
+    _admit(pool, lazy)
+    _admit(pool, eager)
+    l_blocks, e_blocks = list(lazy.blocks), list(eager.blocks)
+    pool.release(lazy)
+    pool.release(eager)
+    # the first 4,990 of eager's blocks hit (stale in the tail); its last 10 stay valid behind lazy's run
+    front = pool.front
+    again = _req(3, [("ids", ids[:4990 * BS] + (0,))])
+    assert _admit(pool, again) == e_blocks[:4990]
+    assert pool.front > front + 5000, "the tail was not rebuilt (fresh positions)"
+    assert again.blocks[-1] == l_blocks[-1]
+    assert pool.free_order() == [*l_blocks[98::-1], *e_blocks[4999:4989:-1]]
+    # one pop across the end of lazy's run into eager's: its hashes are evicted
+    big = _req(4, [("seg", (9, 104 * BS))])
+    _admit(pool, big)
+    assert big.blocks == [*l_blocks[98::-1], *e_blocks[4999:4994:-1]]
+    gone = eager.seq.block_hashes(5000)[4995:5000]
+    assert not any(h in pool.cached for h in gone)
+    assert pool.free_order() == e_blocks[4994:4989:-1]
+    assert not pool.lazy.get(7)

@@ -68,11 +68,9 @@ class PoolChecks:
                 k = e.end - low
                 assert 0 < k <= e.i1 - e.i0, "a lazy entry's run"
                 live = e.blocks[e.i0:e.i0 + k]
-                r = e.run
-                if r is not None and r.entry is e:  # a plain run: its blocks, in tail order
-                    assert r.ids[r.a + max(front - r.pos, 0):r.b] == live[::-1] and r.end == e.end, "plain run"
-                else:
-                    assert [self.st[b] for b in live] == list(range(low + k - 1, low - 1, -1)), "lazy run vs tail"
+                r = e.run  # a released entry's blocks are a plain run (kv_tail)
+                assert r is not None and r.entry is e and r.pos == e.pos and r.end == e.end, "the entry's plain run"
+                assert r.ids[r.a + max(front - r.pos, 0):r.b] == live[::-1], "the entry's plain run"
             for b in live:
                 assert self.bhash[b] is None, f"block {b}: a lazily registered block with a hash"
                 assert b not in covered, f"block {b}: in two lazy entries"

@@ -90,21 +90,6 @@ class LazyIndex:
         if full > req.num_cached_blocks:
             self._cache_upto(req, full)
 
-    def _runs_released(self, req: EngineRequest) -> None:
-        """``req``'s lazy entries after a release by the per-block path gave their blocks tail positions (each
-        entry's blocks contiguous, highest index first): their runs into ``runs``, in tail order. (The usual
-        release, ``TailQueue.release``, does this itself as it makes each entry's blocks a plain run.)"""
-        e = req.kv_entry
-        runs = self.runs
-        while e is not None:
-            if not e.flushed:
-                e.pos = self.st[e.blocks[e.i1 - 1]]
-                e.end = e.pos + e.i1 - e.i0
-                runs.append(e)  # (a request's newer entries hold its later blocks, which the tail gets first)
-            nxt = e.prev
-            e.prev = None
-            e = nxt
-
     def _runs_passed(self) -> None:
         """Forget the entries whose whole run the tail's front has passed (every block evicted). Hot callers
         test ``runs and runs[0].end <= front`` themselves before calling."""

@@ -23,6 +23,7 @@ whose blocks are registered lazily, those were a fifth of the single-replica ben
 from __future__ import annotations
 
 from collections import deque
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -70,6 +71,24 @@ class TailQueue:
             else:
                 ids, b_end = r.ids, r.b
                 cached, dups = self.cached, self.dups
+                k = b_end - j
+                if k > n:
+                    k = n
+                if k > 1 and not dups:
+                    # Bulk: when the next k entries are all valid (their states read in one C-level pass), pop
+                    # them at once; with no duplicate hash, each block's hash maps to that very block.
+                    blk = ids[j:j + k]
+                    if itemgetter(*blk)(st) == tuple(range(f, f + k)):
+                        hs = itemgetter(*blk)(bhash)
+                        if hs.count(None) != k:
+                            for b, h in zip(blk, hs):
+                                if h is not None:
+                                    bhash[b] = None
+                                    del cached[h]
+                        out.extend(blk)
+                        n -= k
+                        f += k
+                        j = b_end  # (ends the loop below when the run is done; else n is 0)
                 while n and j < b_end:
                     b = ids[j]
                     if st[b] == f:  # (else a stale entry: its block was taken by a prefix hit)
@@ -113,42 +132,16 @@ class TailQueue:
             # The usual case: the request is each of its blocks' only holder (certainly so when no block
             # anywhere has a second holder; else read from the states) and only its last block may be unregistered
             # (``num_cached_blocks`` counts the registered ones, by hash or lazily). The loop below would put that
-            # block at the head and append the others to the tail in reverse order: the same, as runs of the
-            # reversed list, plain for each lazy entry's blocks.
+            # block at the head and append the others to the tail in reverse order: the same, as a list reversal.
             rev = blocks[::-1]
-            a0 = 0
             if ncb < nb:
                 last = rev[0]
-                a0 = 1
                 st[last] = -1
                 head[last] = None
                 head.move_to_end(last, last=False)
-            start = self.tail_end - a0  # (the position of rev[k] is start + k)
-            self.tail_end = start + nb
-            self.tail_len += nb - a0
-            e = req.kv_entry
-            if e is None:
-                self._hashed_run(rev, a0, nb, start + a0)
+                self._append(req, rev, 1, nb, True)
             else:
-                q, runs = self.tail, self.runs
-                cur = a0
-                while e is not None:  # newest first: its blocks are the request's later ones, first in ``rev``
-                    if not e.flushed:
-                        ra = nb - e.i1  # block i is rev[nb - 1 - i]
-                        if ra > cur:
-                            self._hashed_run(rev, cur, ra, start + cur)
-                        cur = nb - e.i0
-                        run = _Run(rev, ra, cur, start + ra, e)
-                        q.append(run)
-                        e.run = run
-                        e.pos = run.pos
-                        e.end = run.end
-                        runs.append(e)
-                    nxt = e.prev
-                    e.prev = None
-                    e = nxt
-                if cur < nb:
-                    self._hashed_run(rev, cur, nb, start + cur)
+                self._append(req, rev, 0, nb, True)
         else:
             tail = []
             for i in range(nb - 1, -1, -1):
@@ -166,15 +159,42 @@ class TailQueue:
                     if x == -3:
                         self.n_shared -= 1
             if tail:
-                pos = self.tail_end
-                self.tail_end = pos + len(tail)
-                self.tail_len += len(tail)
-                self._hashed_run(tail, 0, len(tail), pos)
-                if req.kv_entry is not None:
-                    self._runs_released(req)
+                self._append(req, tail, 0, len(tail), False)
         req.blocks = []
         req.num_cached_blocks = 0
         req.kv_entry = None
+
+    def _append(self, req: EngineRequest, ids: list[int], a: int, b: int, whole: bool) -> None:
+        """``req``'s blocks ``ids[a:b]`` (tail order) onto the tail: a plain run for each of its lazy entries (whose
+        blocks are all here, one after another: they are registered and held by ``req`` alone) and runs with
+        positions between them. ``whole``: ``ids`` is ``req.blocks`` reversed, so an entry's place is known."""
+        start = self.tail_end - a  # (the position of ids[k] is start + k)
+        self.tail_end = start + b
+        self.tail_len += b - a
+        e = req.kv_entry
+        if e is None:
+            self._hashed_run(ids, a, b, start + a)
+            return
+        q, runs = self.tail, self.runs
+        nb = len(ids)
+        cur = a
+        while e is not None:  # newest first: its blocks are the request's later ones, first in ``ids``
+            if not e.flushed:
+                ra = nb - e.i1 if whole else ids.index(e.blocks[e.i1 - 1], cur)  # (block i is rev[nb - 1 - i])
+                if ra > cur:
+                    self._hashed_run(ids, cur, ra, start + cur)
+                cur = ra + e.i1 - e.i0
+                run = _Run(ids, ra, cur, start + ra, e)
+                q.append(run)
+                e.run = run
+                e.pos = run.pos
+                e.end = run.end
+                runs.append(e)
+            nxt = e.prev
+            e.prev = None
+            e = nxt
+        if cur < b:
+            self._hashed_run(ids, cur, b, start + cur)
 
     def _tail_order(self) -> list[int]:
         """The tail's valid entries, front first."""
@@ -194,40 +214,36 @@ class TailQueue:
         if self.tail_end - self.front - self.tail_len <= self.tail_len + 4096:
             return
         st, f = self.st, self.front
-        live = {}  # lazy entry -> its blocks still cached, counted with the old positions
-        for e in self.runs:
-            if not e.flushed:
-                live[e] = e.end - max(f, e.pos)
         pos = self.tail_end  # fresh positions: no old entry or consumed position can match them
         self.front = pos
-        old, q = self.tail, deque()
-        for r in old:
+        q = deque()
+        for r in self.tail:
             j = r.a + max(f - r.pos, 0)
-            if r.entry is not None:
-                run = _Run(r.ids, j, r.b, pos, r.entry)
-                q.append(run)
-                r.entry.run = run
+            e = r.entry
+            if e is not None:  # plain: the entry's blocks still cached, at their new positions
+                run = _Run(r.ids, j, r.b, pos, e)
+                e.run = run
+                e.pos = run.pos
+                e.end = run.end
             else:
                 p = r.pos + j - r.a
                 keep = [b for k, b in enumerate(r.ids[j:r.b]) if st[b] == p + k]
                 if not keep:
                     continue
                 run = _Run(keep, 0, len(keep), pos, None)
-                q.append(run)
                 for k, b in enumerate(keep):
                     st[b] = pos + k
+            q.append(run)
             pos = run.end
         self.tail = q
         self.tail_end = pos
+        # (every released entry's run is plain, so ``runs`` holds them in the new order; the flushed ones and
+        # those the front has passed are dropped, as _runs_passed would)
         runs = deque()
-        for e, k in live.items():  # (dict order: the order of ``runs``)
-            if k <= 0:
-                self._drop(e)
-                continue
-            run = e.run
-            # the first block of the entry's live ones in tail order: blocks[i0 + k - 1]
-            p = run.pos if run is not None and run.entry is e else st[e.blocks[e.i0 + k - 1]]
-            e.pos = p
-            e.end = p + k
-            runs.append(e)
+        for e in self.runs:
+            if not e.flushed:
+                if e.end <= f:  # (unreachable: pops drop them first)
+                    self._drop(e)
+                else:
+                    runs.append(e)
         self.runs = runs
