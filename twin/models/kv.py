@@ -262,10 +262,10 @@ class BlockPool(TailQueue, LazyIndex, PoolChecks):
         bs = self.block_size
         mml = self.max_model_len
         new = -(-(computed_after if computed_after < mml else mml) // bs) - len(req.blocks)
-        if new == 1 and self.tail_len and not self.head and self.fresh == self.num_blocks and self.tail[0].entry:
+        if (new == 1 and self.tail_len and not self.head and self.fresh == self.num_blocks
+                and (e := (r := self.tail[0]).entry) is not None and not e.flushed):
             # One block off a plain run at the front of the tail (the usual decode allocation once the pool has
             # cycled): _pop_free(1) without the general case.
-            r = self.tail[0]
             f = self.front
             req.blocks.append(r.ids[r.a + f - r.pos])
             self.tail_len -= 1

@@ -18,7 +18,7 @@ class PoolChecks:
         """Blocks in the tail's plain runs (their state words keep a "held by one" value: see kv_tail)."""
         f, out = self.front, set()
         for r in self.tail:
-            if r.entry is not None:
+            if r.entry is not None and not r.entry.flushed:
                 out.update(r.ids[r.a + max(f - r.pos, 0):r.b])
         return out
 
@@ -68,8 +68,10 @@ class PoolChecks:
                 k = e.end - low
                 assert 0 < k <= e.i1 - e.i0, "a lazy entry's run"
                 live = e.blocks[e.i0:e.i0 + k]
-                r = e.run  # a released entry's blocks are a plain run (kv_tail)
-                assert r is not None and r.entry is e and r.pos == e.pos and r.end == e.end, "the entry's plain run"
+                mine = [r for r in self.tail if r.entry is e]  # a released entry's blocks are a plain run (kv_tail)
+                assert len(mine) == 1, "the entry's plain run"
+                r = mine[0]
+                assert r.pos == e.pos and r.end == e.end, "the entry's plain run"
                 assert r.ids[r.a + max(front - r.pos, 0):r.b] == live[::-1], "the entry's plain run"
             for b in live:
                 assert self.bhash[b] is None, f"block {b}: a lazily registered block with a hash"

@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from twin.models.kv_tail import _Run
     from twin.models.request import EngineRequest
     from twin.models.tokens import TokenSeq
 
@@ -48,9 +47,7 @@ class LazyIndex:
                     dups.setdefault(h, []).append(b)
                 else:
                     cached[h] = b
-            run = e.run
-            if run is not None and run.entry is e:  # its plain tail run: now hashed, so positions into ``st``
-                run.entry = None
+            if e.end is not None:  # its tail run is no longer plain (kv_tail): positions into ``st``
                 st, top = self.st, e.end - 1 + i0  # (blocks[i] sits at position e.end - 1 - (i - i0))
                 for i in range(i0, i1):
                     st[blocks[i]] = top - i
@@ -127,7 +124,7 @@ class _Lazy:
     entry: a prompt's ~100 blocks are one entry.)
     """
 
-    __slots__ = ("key", "seq", "blocks", "i0", "i1", "prev", "pos", "end", "flushed", "run")
+    __slots__ = ("key", "seq", "blocks", "i0", "i1", "prev", "pos", "end", "flushed")
 
     def __init__(self, key: int, seq: TokenSeq, blocks: list[int], i0: int, i1: int, prev: _Lazy | None) -> None:
         self.key = key
@@ -139,4 +136,3 @@ class _Lazy:
         self.pos: int = 0
         self.end: int | None = None
         self.flushed = False  # materialised (out of the index; its blocks carry their hashes)
-        self.run: _Run | None = None  # its plain tail run (kv_tail), if its release made one

@@ -34,8 +34,10 @@ if TYPE_CHECKING:
 
 
 class _Run:
-    """Tail entries ``ids[a:b]`` (in tail order) at positions ``pos .. end - 1``; ``entry``: the lazy entry
-    whose blocks they are while the run is plain (None for a run with positions in ``st``)."""
+    """Tail entries ``ids[a:b]`` (in tail order) at positions ``pos .. end - 1``; ``entry``: the lazy entry whose
+    blocks they are (None for a run made with positions in ``st``). The run is plain while that entry is not
+    materialised (``_flush`` then writes the positions). (The entry does not point back at its run: a cycle
+    would leave every released request's entry, run and token sequence to the cyclic garbage collector.)"""
 
     __slots__ = ("ids", "a", "b", "pos", "end", "entry")
 
@@ -61,7 +63,8 @@ class TailQueue:
         while n:
             r = q[0]
             j = r.a + f - r.pos
-            if r.entry is not None:  # plain: every entry valid, no hash
+            e = r.entry
+            if e is not None and not e.flushed:  # plain: every entry valid, no hash
                 k = r.b - j
                 if k > n:
                     k = n
@@ -186,7 +189,6 @@ class TailQueue:
                 cur = ra + e.i1 - e.i0
                 run = _Run(ids, ra, cur, start + ra, e)
                 q.append(run)
-                e.run = run
                 e.pos = run.pos
                 e.end = run.end
                 runs.append(e)
@@ -201,7 +203,7 @@ class TailQueue:
         st, f, out = self.st, self.front, []
         for r in self.tail:
             j = r.a + max(f - r.pos, 0)
-            if r.entry is not None:
+            if r.entry is not None and not r.entry.flushed:
                 out.extend(r.ids[j:r.b])
             else:
                 p = r.pos + j - r.a
@@ -220,9 +222,8 @@ class TailQueue:
         for r in self.tail:
             j = r.a + max(f - r.pos, 0)
             e = r.entry
-            if e is not None:  # plain: the entry's blocks still cached, at their new positions
+            if e is not None and not e.flushed:  # plain: the entry's blocks still cached, at their new positions
                 run = _Run(r.ids, j, r.b, pos, e)
-                e.run = run
                 e.pos = run.pos
                 e.end = run.end
             else:
