@@ -2,9 +2,10 @@
 "Speed by design"; tests/test_kv_lazy.py).
 
 Blocks whose content starts with a virtual segment are registered (counted in their request's
-``num_cached_blocks``, so they go to the tail when freed) without a hash, and indexed by that segment (``_Lazy``
-entries, one per run of a request's blocks, with nothing stored per block); their hashes go into the hash map only before a lookup that could name them
-(``_flush``), so the map then holds what eager registration would. A decode-group member's output blocks
+``num_cached_blocks``, so they go to the tail when freed) without a hash, and indexed by that segment
+(``_Lazy`` entries, one per run of a request's blocks, with nothing stored per block); their hashes go into
+the hash map only before a lookup that could name them (``_flush``), so the map then holds what eager
+registration would. A decode-group member's output blocks
 are registered later still, deferred until it leaves the group or a lookup or another registration under
 its output segment comes first (``BlockPool.pend``, ``_write_pending``).
 
@@ -117,9 +118,10 @@ class _Lazy:
 
     Which blocks are still cached needs no per-block state: an entry's blocks are held by its request alone
     (a lookup could name them only once materialised) until it releases them; the release appends them to
-    the tail as one run, ``blocks[i1 - 1]`` at position ``pos`` to ``blocks[i0]`` at ``end - 1``; nothing takes
-    them out of the middle of the tail (only a prefix hit does), so the front evicts them in that order and
-    ``blocks[i0:i0 + end - max(front, pos)]`` are the ones left. ``end`` is None while the request holds them.
+    the tail as one plain run (``twin.models.kv_tail``), ``blocks[i1 - 1]`` at position ``pos`` to ``blocks[i0]``
+    at ``end - 1``; nothing takes them out of the middle of the tail (only a prefix hit does), so the front
+    evicts them in that order and ``blocks[i0:i0 + end - max(front, pos)]`` are the ones left. ``end`` is None
+    while the request holds them.
     (Registering a block was a store per block and evicting one a read per block; the bookkeeping is now per
     entry: a prompt's ~100 blocks are one entry.)
     """
@@ -132,7 +134,7 @@ class _Lazy:
         self.blocks = blocks
         self.i0 = i0
         self.i1 = i1
-        self.prev = prev  # the request's previous entry (its blocks' release sets every entry's run)
+        self.prev = prev  # the request's previous entry (the release makes a run of each; then None)
         self.pos: int = 0
         self.end: int | None = None
         self.flushed = False  # materialised (out of the index; its blocks carry their hashes)
