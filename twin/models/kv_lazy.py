@@ -40,6 +40,7 @@ class LazyIndex:
                 i1 = i0 + e.end - max(front, e.pos)
             blocks = e.blocks
             hashes = e.seq.block_hashes(i1)
+            e.seq = e.blocks = None  # (its tail run may keep the entry a while: not its request's sequence)
             for i in range(i0, i1):
                 b = blocks[i]
                 h = hashes[i]
