@@ -11,13 +11,14 @@
 - Prefix hits are capped at ``num_tokens - 1`` tokens (one token must be recomputed for logits).
 
 Hot-path code: plain lists and typed arrays, no per-block objects. The tail of the free queue (cached
-blocks, LRU by release time) is an ``array`` of block ids read from a moving front with lazy deletion
-(4 bytes an entry instead of an OrderedDict node's ~100: a fleet holds hundreds of pools of ~87k blocks).
-A block's ref count and tail position share one state word (``st``).
+blocks, LRU by release time) is a queue of runs of released block lists read from a moving front with lazy
+deletion (``twin.models.kv_tail``; a list entry's 8 bytes instead of an OrderedDict node's ~100: a fleet holds
+hundreds of pools of ~87k blocks). A block's ref count and tail position share one state word (``st``).
 
-Blocks whose content starts with a virtual segment are registered lazily (``twin.models.kv_lazy``): marked
-cached, but hashed and put into ``cached`` only before a lookup that could name them; the map then holds
-what eager registration would (docs/engine.md, "Speed by design"; tests/test_kv_lazy.py).
+Blocks whose content starts with a virtual segment are registered lazily (``twin.models.kv_lazy``): counted
+as cached by an entry per run of a request's blocks (no hash, nothing stored per block), hashed and put into
+``cached`` only before a lookup that could name them; the map then holds what eager registration would
+(docs/engine.md, "Speed by design"; tests/test_kv_lazy.py, tests/test_kv_runs.py).
 
 Memory note: a pool whose blocks are all cached holds ``cached`` (hash -> block) and the hashes
 themselves for the blocks materialised; those dominate what is left (~11 MB for 87k blocks, all hashed).
@@ -26,27 +27,26 @@ themselves for the blocks materialised; those dominate what is left (~11 MB for 
 from __future__ import annotations
 
 from array import array
-from collections import OrderedDict
-from itertools import groupby
-from operator import itemgetter
-from struct import pack
+from collections import OrderedDict, deque
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from twin.models.kv_checks import PoolChecks
 from twin.models.kv_lazy import LazyIndex
+from twin.models.kv_tail import TailQueue
 
 if TYPE_CHECKING:
     from twin.models.kv_lazy import _Lazy
+    from twin.models.kv_tail import _Run
     from twin.models.request import EngineRequest
 
 
-class BlockPool(LazyIndex, PoolChecks):
+class BlockPool(TailQueue, LazyIndex, PoolChecks):
     __slots__ = (
         "num_blocks", "block_size", "caching", "bhash", "head", "fresh", "cached", "dups",
-        "max_model_len", "tail_ids", "tail_first", "tail_base", "st", "tail_len", "lazy", "n_lazy", "pend",
-        "n_shared", "stv",
+        "max_model_len", "tail", "front", "tail_end", "st", "tail_len", "lazy", "n_lazy", "pend",
+        "n_shared", "stv", "runs",
     )
 
     def __init__(self, *, num_blocks: int, block_size: int, enable_prefix_caching: bool, max_model_len: int) -> None:
@@ -61,16 +61,18 @@ class BlockPool(LazyIndex, PoolChecks):
         # order (vLLM's initial order) without being materialised; freed unhashed blocks go to the head,
         # freed hashed blocks to the tail.
         self.head: OrderedDict[int, None] = OrderedDict()
-        # The tail: tail_ids[tail_first:] in order, an entry valid iff st[block] is its absolute position
-        # (tail_base + index); a block taken out of the middle (a prefix hit) just gets st = -2.
-        self.tail_ids = array("i")
-        self.tail_first = 0
-        self.tail_base = 0
+        # The tail: runs of entries at absolute positions front .. tail_end - 1 (see kv_tail); an entry of a run
+        # that is not plain is valid iff st[block] is its position: a block taken out of the middle (a prefix
+        # hit) just changes its state.
+        self.tail: deque[_Run] = deque()
+        self.front = 0
+        self.tail_end = 0
         # One state word per block, for ref count and tail position together (the block arrays are read at
-        # random block ids, so fewer arrays means fewer cache misses), with F = tail_base + tail_first the
-        # front's absolute position: st >= F: free, in the tail at that position; 0 <= st < F: held by one
-        # request (popped off the tail by the bulk path, which leaves the consumed position in place rather than
-        # write -2: one store at a scattered block id fewer per popped block); -1: free elsewhere (head, never
+        # random block ids, so fewer arrays means fewer cache misses), with F = ``front``: st >= F: free, in
+        # the tail at that position (a plain run's blocks keep their "held by one" value instead: nothing reads
+        # it while they are in the tail, see kv_tail); 0 <= st < F: held by one
+        # request (popped off the tail, which leaves the consumed position in place rather than write -2: one
+        # store at a scattered block id fewer per popped block); -1: free elsewhere (head, never
         # used); <= -2: held by -1 - st requests. (Positions only grow, and the front only passes a valid entry
         # by popping its block, so a consumed position never reads as free or as a valid entry again.)
         self.st = array("q", [-1]) * num_blocks
@@ -83,6 +85,8 @@ class BlockPool(LazyIndex, PoolChecks):
         # Blocks registered without their hash (see _Lazy): key -> entries in registration order.
         self.lazy: dict[int, list[_Lazy]] = {}
         self.n_lazy = 0  # entries in ``lazy``
+        # Released lazy entries in tail order (by ``end``), each dropped from ``lazy`` once the front passes it.
+        self.runs: deque[_Lazy] = deque()
         # Deferred registration (the engine's decode group): output segment -> the one request whose full blocks
         # past ``num_cached_blocks`` count as registered without being written (up to ``computed_now // bs``).
         # Written out (``_write_pending``) before any lookup or other request's registration under that segment,
@@ -102,33 +106,6 @@ class BlockPool(LazyIndex, PoolChecks):
     def usage(self) -> float:
         """``vllm:kv_cache_usage_perc``: blocks referenced by live requests (cached-free ones excluded)."""
         return 1.0 - self.num_free / (self.num_blocks - 1)
-
-    def _tail_order(self) -> list[int]:
-        at, base, ids = self.st, self.tail_base, self.tail_ids
-        return [b for i in range(self.tail_first, len(ids)) if at[(b := ids[i])] == base + i]
-
-    def _maybe_compact(self) -> None:
-        """Drop consumed and stale entries once they outnumber the valid ones (amortised O(1)). Hot callers
-        test ``len(tail_ids) - tail_len > tail_len + 4096`` themselves before calling."""
-        ids = self.tail_ids
-        if len(ids) - self.tail_len <= self.tail_len + 4096:  # consumed + stale entries vs valid ones
-            return
-        first = self.tail_first
-        if len(ids) - first - self.tail_len <= self.tail_len + 4096:
-            # Mostly consumed entries (the usual case: the pool cycles through the tail): drop that prefix in
-            # one C-level move; absolute positions (tail_base + index) and so ``st`` stay valid.
-            del ids[:first]
-            self.tail_base += first
-            self.tail_first = 0
-            return
-        keep = self._tail_order()
-        self.tail_base += len(ids)  # fresh absolute positions: no old entry can match them
-        self.tail_ids = array("i", keep)
-        self.tail_first = 0
-        self.tail_len = len(keep)
-        at, base = self.st, self.tail_base
-        for i, b in enumerate(keep):
-            at[b] = base + i
 
     # ---- lookup -------------------------------------------------------------------------------
     def find_hit(self, req: EngineRequest) -> list[int]:
@@ -166,12 +143,9 @@ class BlockPool(LazyIndex, PoolChecks):
         return hits
 
     # ---- allocation ---------------------------------------------------------------------------
-    def _pop_free(self, n: int, out: list[int], keep: int = 0) -> None:
-        """Pop ``n`` blocks off the free queue (head, then never-used blocks, then tail) into ``out``. ``keep``:
-        the caller registers the first ``keep`` of them at once (admission), so the bulk path need not clear
-        their hashes (nothing reads a held block's hash before its registration overwrites it)."""
+    def _pop_free(self, n: int, out: list[int]) -> None:
+        """Pop ``n`` blocks off the free queue (head, then never-used blocks, then tail) into ``out``."""
         head, bhash, st = self.head, self.bhash, self.st
-        keep -= n  # (minus the blocks left to pop: > 0 for those the caller overwrites)
         while n and head:
             b, _ = head.popitem(last=False)
             h = bhash[b]
@@ -189,64 +163,10 @@ class BlockPool(LazyIndex, PoolChecks):
                 self.fresh = fresh + k
                 n -= k
         if n:  # the LRU end of the cached-free blocks: evict as we go
-            ids, i = self.tail_ids, self.tail_first
-            cached = self.cached
-            live = self.tail_len
-            self.tail_len = live - n
-            if len(ids) - i == live and not self.dups:
-                # Bulk path (the usual case): no stale entry from the front on, so the next n entries are the
-                # blocks to pop; and with no duplicate hash, each block's hash maps to that very block.
-                end = i + n
-                blk = ids[i:end].tolist()
-                # The hashes read in one C-level pass, then handled per run of equal entries: a released
-                # request's blocks sit together in the tail, so a pop meets a few _Lazy entries in long runs
-                # (one ``live`` update per run instead of per block). Entries are compared by identity (_Lazy
-                # has no __eq__); runs keep the blocks' order, so entries drop in the order they would one by one.
-                hs = itemgetter(*blk)(bhash) if n > 1 else (bhash[blk[0]],)
-                for b in (blk[keep + n:] if keep + n > 0 else blk):  # (st keeps the consumed position: see __init__)
-                    bhash[b] = None
-                for h, run in groupby(hs):
-                    if h is None:
-                        continue
-                    if h.__class__ is int:
-                        for _ in run:  # (a run of one: without duplicates no two blocks share a hash)
-                            del cached[h]
-                    else:  # a _Lazy entry (no key in ``cached``): that many blocks fewer
-                        h.live -= len(list(run))
-                        if not h.live:
-                            self._drop(h)
-                out.extend(blk)
-                self.tail_first = end
-            else:
-                dups, base = self.dups, self.tail_base
-                for _ in range(n):
-                    b = ids[i]
-                    while st[b] != base + i:  # a stale entry
-                        i += 1
-                        b = ids[i]
-                    st[b] = -2
-                    i += 1
-                    h = bhash[b]
-                    if h is not None:
-                        if h.__class__ is not int:
-                            self._uncache(b, h)
-                        elif h in dups:
-                            self._uncache(b, h)
-                        else:
-                            bhash[b] = None
-                            if cached.get(h) == b:
-                                del cached[h]
-                    out.append(b)
-                self.tail_first = i
-            self._maybe_compact()
+            self._pop_tail(n, out)
 
-    def _uncache(self, b: int, h: int | _Lazy) -> None:
+    def _uncache(self, b: int, h: int) -> None:
         self.bhash[b] = None
-        if h.__class__ is not int:
-            h.live -= 1
-            if not h.live:
-                self._drop(h)
-            return
         if self.cached.get(h) == b:
             extra = self.dups.get(h)
             if extra:
@@ -270,7 +190,7 @@ class BlockPool(LazyIndex, PoolChecks):
         bs = self.block_size
         st = self.st
         nh = len(hits)
-        front = self.tail_base + self.tail_first
+        front = self.front
         evictable = 0
         for b in hits:
             x = st[b]
@@ -307,11 +227,11 @@ class BlockPool(LazyIndex, PoolChecks):
         req.blocks.extend(hits)
         if taken:
             self.tail_len -= taken
-            self._maybe_compact()
+            self._maybe_rebuild()
         blocks = req.blocks
         req.num_cached_blocks = nh
-        if new > 0:  # (_cache registers blocks nh .. full - 1 right after the pop: see _pop_free's ``keep``)
-            self._pop_free(new, blocks, (min(h_tokens + n, req.seq.num_tokens) // bs - nh) if self.caching else 0)
+        if new > 0:
+            self._pop_free(new, blocks)
         self._cache(req, h_tokens + n)
         return True
 
@@ -342,29 +262,18 @@ class BlockPool(LazyIndex, PoolChecks):
         bs = self.block_size
         mml = self.max_model_len
         new = -(-(computed_after if computed_after < mml else mml) // bs) - len(req.blocks)
-        if new == 1 and self.tail_len and not self.head and self.fresh == self.num_blocks and not self.dups:
-            # One block off the tail (the usual decode allocation once the pool has cycled): _pop_free(1)
-            # with the stale entries skipped in place.
-            ids, st, i, base = self.tail_ids, self.st, self.tail_first, self.tail_base
-            b = ids[i]
-            while st[b] != base + i:
-                i += 1
-                b = ids[i]
-            st[b] = -2  # ref 1
-            self.tail_first = i + 1
+        if (new == 1 and self.tail_len and not self.head and self.fresh == self.num_blocks
+                and (e := (r := self.tail[0]).entry) is not None and not e.flushed):
+            # One block off a plain run at the front of the tail (the usual decode allocation once the pool has
+            # cycled): _pop_free(1) without the general case.
+            f = self.front
+            req.blocks.append(r.ids[r.a + f - r.pos])
             self.tail_len -= 1
-            h = self.bhash[b]
-            if h is not None:
-                self.bhash[b] = None
-                if h.__class__ is int:
-                    del self.cached[h]  # no duplicates: the hash maps to this block
-                else:
-                    h.live -= 1
-                    if not h.live:
-                        self._drop(h)
-            req.blocks.append(b)
-            if len(ids) - self.tail_len > self.tail_len + 4096:
-                self._maybe_compact()
+            self.front = f = f + 1
+            if f == r.end:
+                self.tail.popleft()
+                if self.runs[0].end <= f:
+                    self._runs_passed()
         elif new > 0:
             if new > self.num_free:
                 return False
@@ -425,58 +334,3 @@ class BlockPool(LazyIndex, PoolChecks):
                 self.dups.setdefault(h, []).append(b)
             else:
                 cached[h] = b
-
-    def release(self, req: EngineRequest) -> None:
-        """Free a finished or preempted request's blocks, tail first."""
-        st, bhash, head = self.st, self.bhash, self.head
-        ids = self.tail_ids
-        pos = start = self.tail_base + len(ids)
-        blocks = req.blocks
-        nb = len(blocks)
-        if nb > 8 and req.num_cached_blocks >= nb - 1 and (not self.n_shared
-                                                            or min(map(st.__getitem__, blocks)) >= -2):
-            # The usual case: the request is each of its blocks' only holder (certainly so when no block
-            # anywhere has a second holder; else read from the states) and only its last block may lack a hash
-            # (a held block is hashed iff it is registered, and ``num_cached_blocks`` counts those). The loop
-            # below would put that block at the head and append the others to the tail in reverse order: the
-            # same, without reading a block's hash (nor, usually, its state: those reads, at scattered block
-            # ids, were most of release's time).
-            rev = blocks[::-1]
-            if req.num_cached_blocks < nb:
-                last = rev[0]
-                rev = rev[1:]
-                st[last] = -1
-                head[last] = None
-                head.move_to_end(last, last=False)
-            n = len(rev)
-            # (packed by struct and appended as bytes: array.fromlist converts each item through the argument
-            # parser, ~240 instructions an item against ~150)
-            ids.frombytes(pack(f"{n}i", *rev))
-            # st[rev[j]] = start + j for every j, as one numpy store through views of ``st`` and of the entries
-            # just appended (a Python loop of ~120 stores per request was the largest part of release); the
-            # temporary view of ``tail_ids`` is gone before anything resizes it again.
-            self.stv[np.frombuffer(ids, np.intc, n, (len(ids) - n) * ids.itemsize)] = np.arange(start, start + n)
-            self.tail_len += n
-            req.blocks = []
-            req.num_cached_blocks = 0
-            req.kv_entry = None  # (a released request's next registration starts a new entry anyway)
-            return
-        for b in reversed(blocks):
-            x = st[b]
-            if x == -2 or x >= 0:  # its last holder (held, so x >= 0 is a consumed tail position)
-                if bhash[b] is None:
-                    st[b] = -1
-                    head[b] = None
-                    head.move_to_end(b, last=False)
-                else:
-                    st[b] = pos
-                    ids.append(b)
-                    pos += 1
-            else:
-                st[b] = x + 1
-                if x == -3:
-                    self.n_shared -= 1
-        self.tail_len += pos - start
-        req.blocks = []
-        req.num_cached_blocks = 0
-        req.kv_entry = None
