@@ -145,6 +145,8 @@ def test_worker_parses_vllm_iteration_lines_and_metrics() -> None:
     """The recorder's parsers, on lines copied from a real vLLM 0.32.0+cpu log and /metrics page."""
     import importlib.metadata
 
+    from twin.calibration import _vllm_common as common
+    from twin.calibration import _vllm_server as server  # noqa: F401  (imports without vLLM or aiohttp)
     from twin.calibration import _vllm_worker as worker
 
     assert importlib.metadata.version is not worker._version  # importing it patches nothing
@@ -157,7 +159,7 @@ def test_worker_parses_vllm_iteration_lines_and_metrics() -> None:
         "2 generation tokens, iteration elapsed time: 27.08 ms, CPU KV cache usage: 45.5%",
         "Avg prompt throughput: 0.0 tokens/s",
     ]
-    rows = worker.parse_iterations(lines)
+    rows = common.parse_iterations(lines)
     assert [tuple(r[c] for c in ITERATION_COLUMNS) for r in rows] == [
         (0, 1, 256, 0, 0, 45.90, 18.2),
         (1, 3, 132, 2, 2, 27.08, 45.5),
@@ -175,7 +177,7 @@ def test_worker_parses_vllm_iteration_lines_and_metrics() -> None:
             'vllm:cache_config_info{block_size="128",num_gpu_blocks="1024",enable_prefix_caching="True"} 1.0',
         ]
     )
-    counters, cache = worker.parse_prometheus(page)
+    counters, cache = common.parse_prometheus(page)
     assert counters == {"num_preemptions": 3.0, "request_success": 6.0}
     assert cache["num_gpu_blocks"] == "1024" and cache["block_size"] == "128"
-    assert worker.delta({"num_preemptions": 5.0}, {"num_preemptions": 3.0}) == {"num_preemptions": 2}
+    assert common.delta({"num_preemptions": 5.0}, {"num_preemptions": 3.0}) == {"num_preemptions": 2}

@@ -20,7 +20,8 @@ import pytest
 
 pytest.importorskip("aiohttp")
 
-from twin.calibration._vllm_worker import engine_cli_args, stop_group  # noqa: E402
+from twin.calibration._vllm_common import engine_cli_args  # noqa: E402
+from twin.calibration._vllm_server import stop_group  # noqa: E402
 from twin.calibration.record import DEFAULT_VENV, VllmVenv, model_dir  # noqa: E402
 from twin.calibration.workloads import EngineSpec  # noqa: E402
 from twin.router.keys import KeysFile  # noqa: E402

@@ -1,8 +1,8 @@
 """Record real vLLM runs into the recorded-run folder format, without importing vLLM into twin.
 
 twin builds the exact requests (:mod:`twin.calibration.workloads`), writes a JSON job file and runs
-``_vllm_worker.py`` with the vLLM virtual environment's Python (see ``scripts/install-vllm-cpu.sh``). The
-worker starts and stops the engine itself (offline ``vllm.LLM`` or ``vllm serve`` on 127.0.0.1) and writes
+``_vllm_worker.py`` (with its sibling files ``_vllm_common.py`` and ``_vllm_server.py``) with the vLLM
+virtual environment's Python (see ``scripts/install-vllm-cpu.sh``). The worker starts and stops the engine itself (offline ``vllm.LLM`` or ``vllm serve`` on 127.0.0.1) and writes
 the run folder into a scratch directory; this module moves it to ``out_dir`` only when the run succeeded.
 
 Clean-up: the worker runs in its own process group (same session); on a timeout, an error or Ctrl-C the
@@ -94,7 +94,7 @@ def record_workload(
 
     ``mode`` overrides ``spec.mode`` (a server-mode spec can be recorded offline only if its arrivals
     are ``all_at_once``). ``warmup`` (server mode): serve a few one-token requests before the measured run,
-    so the server is warm as a fleet's is (``_vllm_worker.warm_up``). Raises :class:`RecordError` if the engine run fails or times out; nothing is
+    so the server is warm as a fleet's is (``_vllm_server.warm_up``). Raises :class:`RecordError` if the engine run fails or times out; nothing is
     written to ``out_dir`` then.
     """
     if mode is not None and mode != spec.mode:

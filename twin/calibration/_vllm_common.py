@@ -1,0 +1,174 @@
+"""What both recording modes share: engine arguments, the iteration-log and Prometheus parsers, the run writer.
+
+Standalone like ``_vllm_worker.py`` (standard library only): the worker imports it as a sibling file when it
+runs in the vLLM environment, and twin imports it as ``twin.calibration._vllm_common`` (tests).
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib.metadata as _md
+import json
+import os
+import platform
+import re
+from pathlib import Path
+
+FORMAT = "twin-recorded-run/1"
+ITERATION_RE = re.compile(
+    r"Iteration\((?P<step>\d+)\): (?P<ctx_requests>\d+) context requests, (?P<ctx_tokens>\d+) context tokens, "
+    r"(?P<gen_requests>\d+) generation requests, (?P<gen_tokens>\d+) generation tokens, "
+    r"iteration elapsed time: (?P<elapsed_ms>[0-9.]+) ms(?P<dummy> \(dummy\))?, "
+    r".*?KV cache usage: (?P<kv_usage_pct>[0-9.]+)%"
+)
+OVERRIDE_RE = re.compile(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)")
+KV_SIZE_RE = re.compile(r"KV cache size: ([0-9,]+) tokens")
+ITER_COLUMNS = ["step", "ctx_requests", "ctx_tokens", "gen_requests", "gen_tokens", "elapsed_ms", "kv_usage_pct"]
+
+
+# ------------------------------------------------------------------------------------------ helpers
+def engine_cli_args(engine: dict) -> list[str]:
+    """The engine's command-line arguments (the same list is used for offline, as keyword arguments)."""
+    args = [
+        "--load-format", "dummy",
+        "--skip-tokenizer-init",
+        "--enforce-eager",
+        "--seed", str(engine["seed"]),
+        "--dtype", engine["dtype"],
+        "--kv-cache-dtype", engine["kv_cache_dtype"],
+        "--max-model-len", str(engine["max_model_len"]),
+        "--max-num-batched-tokens", str(engine["max_num_batched_tokens"]),
+        "--max-num-seqs", str(engine["max_num_seqs"]),
+        "--enable-chunked-prefill" if engine["enable_chunked_prefill"] else "--no-enable-chunked-prefill",
+        "--enable-prefix-caching" if engine["enable_prefix_caching"] else "--no-enable-prefix-caching",
+        "--enable-logging-iteration-details",
+    ]  # fmt: skip
+    if engine.get("kv_cache_memory_bytes") is not None:
+        args += ["--kv-cache-memory-bytes", str(engine["kv_cache_memory_bytes"])]
+    if engine.get("num_gpu_blocks_override") is not None:
+        args += ["--num-gpu-blocks-override", str(engine["num_gpu_blocks_override"])]
+    if engine.get("block_size") is not None:
+        args += ["--block-size", str(engine["block_size"])]
+    return args
+
+
+def engine_kwargs(engine: dict) -> dict:
+    """Keyword arguments for ``vllm.LLM`` equivalent to :func:`engine_cli_args`."""
+    kw = dict(
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        seed=engine["seed"],
+        dtype=engine["dtype"],
+        kv_cache_dtype=engine["kv_cache_dtype"],
+        max_model_len=engine["max_model_len"],
+        max_num_batched_tokens=engine["max_num_batched_tokens"],
+        max_num_seqs=engine["max_num_seqs"],
+        enable_chunked_prefill=engine["enable_chunked_prefill"],
+        enable_prefix_caching=engine["enable_prefix_caching"],
+        enable_logging_iteration_details=True,
+        disable_log_stats=False,
+    )
+    for key in ("kv_cache_memory_bytes", "num_gpu_blocks_override", "block_size"):
+        if engine.get(key) is not None:
+            kw[key] = engine[key]
+    return kw
+
+
+def parse_iterations(lines: list[str]) -> list[dict]:
+    """Rows of iterations.csv from vLLM iteration-detail log lines (dummy iterations are skipped)."""
+    rows = []
+    for line in lines:
+        m = ITERATION_RE.search(line)
+        if m is None or m.group("dummy"):
+            continue
+        rows.append(
+            {
+                "step": len(rows),
+                "ctx_requests": int(m.group("ctx_requests")),
+                "ctx_tokens": int(m.group("ctx_tokens")),
+                "gen_requests": int(m.group("gen_requests")),
+                "gen_tokens": int(m.group("gen_tokens")),
+                "elapsed_ms": float(m.group("elapsed_ms")),
+                "kv_usage_pct": float(m.group("kv_usage_pct")),
+            }
+        )
+    return rows
+
+
+def parse_prometheus(text: str) -> tuple[dict[str, float], dict[str, str]]:
+    """(counter sums by name without ``vllm:`` / ``_total``, labels of ``vllm:cache_config_info``)."""
+    counters: dict[str, float] = {}
+    counter_names: set[str] = set()
+    cache_info: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            parts = line.split()
+            if len(parts) >= 4 and parts[3] == "counter" and parts[2].startswith("vllm:"):
+                counter_names.add(parts[2])
+            continue
+        if not line or line.startswith("#"):
+            continue
+        name_labels, _, value = line.rpartition(" ")
+        name, _, labels = name_labels.partition("{")
+        if name == "vllm:cache_config_info":
+            cache_info = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+            continue
+        base = name[: -len("_total")] if name.endswith("_total") else name
+        if base in counter_names or name in counter_names:
+            key = base.removeprefix("vllm:")
+            counters[key] = counters.get(key, 0.0) + float(value)
+    return counters, cache_info
+
+
+def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    out = {}
+    for key in sorted(after):
+        d = after[key] - before.get(key, 0.0)
+        out[key] = int(d) if float(d).is_integer() else d
+    return out
+
+
+def hardware_string() -> str:
+    flags = ""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            info = fh.read()
+        model = re.search(r"model name\s*:\s*(.*)", info)
+        flags = " avx512" if " avx512f" in info else ""
+        name = model.group(1).strip() if model else "cpu"
+    except OSError:
+        name = "cpu"
+    return f"cpu {os.cpu_count()}-core {platform.machine()}{flags} ({name})"
+
+
+def write_run(out_dir: Path, run: dict, requests: list[dict], iterations: list[dict]) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "run.json").write_text(json.dumps(run, indent=2, sort_keys=False) + "\n")
+    with open(out_dir / "requests.jsonl", "w") as fh:
+        for r in requests:
+            fh.write(json.dumps(r, separators=(",", ":")) + "\n")
+    with open(out_dir / "iterations.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=ITER_COLUMNS, lineterminator="\n")
+        w.writeheader()
+        for row in iterations:
+            w.writerow(row)
+
+
+def base_run(job: dict, mode: str, args: list[str]) -> dict:
+    engine = job["engine"]
+    return {
+        "format": FORMAT,
+        "engine": "vllm",
+        "engine_version": _md.version("vllm"),
+        "hardware": job.get("hardware") or hardware_string(),
+        "mode": mode,
+        "model_config": json.loads((Path(job["model_dir"]) / "config.json").read_text()),
+        "dtype": engine["dtype"],
+        "kv_cache_dtype": engine["kv_cache_dtype"],
+        "tensor_parallel_size": 1,
+    }
+
+
+def _r6(x: float) -> float:
+    return round(x, 6)

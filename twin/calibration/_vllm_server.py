@@ -1,0 +1,264 @@
+"""Server mode of the recorder: ``vllm serve`` on loopback, a warm-up, the measured requests streamed at their times.
+
+Standalone like ``_vllm_worker.py`` (standard library, plus aiohttp from the vLLM environment); the worker
+imports it as a sibling file. See ``_vllm_worker`` for the whole recording.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+try:  # imported as part of twin (tests)
+    from twin.calibration._vllm_common import (
+        KV_SIZE_RE,
+        OVERRIDE_RE,
+        base_run,
+        delta,
+        engine_cli_args,
+        parse_iterations,
+        parse_prometheus,
+        write_run,
+        _r6,
+    )
+except ImportError:  # run as a script in the vLLM environment, where twin is not installed: the sibling file
+    from _vllm_common import (
+        KV_SIZE_RE,
+        OVERRIDE_RE,
+        base_run,
+        delta,
+        engine_cli_args,
+        parse_iterations,
+        parse_prometheus,
+        write_run,
+        _r6,
+    )  # type: ignore[no-redef]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_get(url: str, timeout: float = 10.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - loopback only
+            return resp.status, resp.read().decode()
+    except Exception:
+        return 0, ""
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
+    """SIGTERM the server's process group, then SIGKILL whatever is left."""
+    if proc.poll() is not None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+async def _send_all(base: str, model: str, reqs: list[dict], timeout_s: float) -> tuple[list[dict], float]:
+    import asyncio
+
+    import aiohttp
+
+    results: dict[str, dict] = {}
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+
+    async def one(session: aiohttp.ClientSession, r: dict) -> None:
+        delay = t0 + r["arrival_s"] - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        sent = loop.time()
+        body = {
+            "model": model,
+            "prompt": list(r["prompt_token_ids"]),
+            "max_tokens": r["max_tokens"],
+            "min_tokens": r["max_tokens"],
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "stream": True,
+            "return_token_ids": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": False},
+        }
+        times: list[float] = []
+        cached = None
+        async with session.post(base + "/v1/completions", json=body) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"{r['request_id']}: HTTP {resp.status}: {(await resp.text())[:500]}")
+            async for raw in resp.content:
+                line = raw.decode().strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                now = loop.time() - sent
+                for choice in chunk.get("choices") or []:
+                    ids = choice.get("token_ids") or []
+                    times.extend([now] * len(ids))
+                usage = chunk.get("usage")
+                if usage and usage.get("prompt_tokens_details"):
+                    cached = usage["prompt_tokens_details"].get("cached_tokens")
+        results[r["request_id"]] = {
+            "request_id": r["request_id"],
+            "arrival_s": _r6(sent - t0),
+            "prompt_token_ids": list(r["prompt_token_ids"]),
+            "max_tokens": r["max_tokens"],
+            "output_tokens": len(times),
+            "token_times_s": [_r6(t) for t in times],
+            "e2e_s": _r6(times[-1]) if times else None,
+            "num_cached_tokens": cached,
+        }
+
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        await asyncio.gather(*(one(session, r) for r in reqs))
+    return [results[r["request_id"]] for r in reqs], loop.time() - t0
+
+
+def warm_up(base: str, model: str, engine: dict, cache_info: dict[str, str], timeout_s: float) -> int:
+    """Serve a few requests before the measured run, as ``vllm bench serve`` does its initial test prompt.
+
+    A fleet's servers are warm; a freshly started ``vllm serve`` is not: its first requests came 5-37 ms
+    later than the server model in 2026-11-29 recordings (docs/calibration.md, "The server TTFT tail"),
+    a different amount every start, and a decode step at a batch size not yet seen ran 1.3-1.6x slower.
+    ``n`` requests of one token (the BOS id, which no workload prompt uses) ask for 1..n tokens, so they
+    decode at every batch size from n down to 1. Each stays inside one KV block (n < block size), which is
+    never full, so nothing is hashed into the prefix cache; the ``/metrics`` baseline and the iteration
+    log are taken after it, so neither counts it. Returns ``n``.
+    """
+    import asyncio
+
+    block_size = int(cache_info.get("block_size") or 16)
+    n = min(engine["max_num_seqs"], block_size - 1)
+    if engine.get("num_gpu_blocks_override"):
+        n = min(n, int(engine["num_gpu_blocks_override"]) - 1)  # one block each, none preempted
+    n = max(n, 1)
+    reqs = [{"request_id": f"warmup-{i}", "arrival_s": 0.0, "prompt_token_ids": [1], "max_tokens": i + 1}
+            for i in range(n)]
+    asyncio.run(_send_all(base, model, reqs, timeout_s))
+    time.sleep(1.0)  # the warm-up's last iteration lines reach the log before the run's offset is taken
+    return n
+
+
+def run_server(job: dict) -> None:
+    import asyncio
+
+    engine = job["engine"]
+    scratch = Path(job["scratch_dir"])
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    model = "twin-model"
+    args = engine_cli_args(engine) + ["--served-model-name", model, "--enable-prompt-tokens-details"]
+    cmd = [job["launcher"], "serve", job["model_dir"], "--host", "127.0.0.1", "--port", str(port), *args]
+    log_path = scratch / "engine.log"
+    log = open(log_path, "w")
+    # Own process group (so it can be killed as a whole) but the caller's session: under setsid the API
+    # process lands in another scheduling autogroup and starves on a busy machine (recipe).
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, process_group=0)
+    (scratch / "server.pgid").write_text(str(proc.pid))
+    try:
+        deadline = time.monotonic() + job.get("startup_timeout_s", 300)
+        while http_get(base + "/health", timeout=2)[0] != 200:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {proc.returncode}; see {log_path}")
+            if time.monotonic() > deadline:
+                raise TimeoutError("vllm serve did not become healthy in time")
+            time.sleep(0.5)
+        warmup = 0
+        if job.get("warmup", True):
+            status, text = http_get(base + "/metrics")
+            if status != 200:
+                raise RuntimeError("could not scrape /metrics before the warm-up")
+            warmup = warm_up(base, model, engine, parse_prometheus(text)[1], job["timeout_s"])
+        status, text = http_get(base + "/metrics")
+        if status != 200:
+            raise RuntimeError("could not scrape /metrics before the run")
+        before, cache_info = parse_prometheus(text)
+        log.flush()
+        offset = log_path.stat().st_size
+        requests, _ = asyncio.run(_send_all(base, model, job["requests"], job["timeout_s"]))
+        # Iteration lines are logged by the API process right after each step's outputs; give the
+        # last ones a moment to reach the log.
+        time.sleep(1.0)
+        status, text = http_get(base + "/metrics")
+        if status != 200:
+            raise RuntimeError("could not scrape /metrics after the run")
+        after, cache_info_after = parse_prometheus(text)
+        cache_info = cache_info_after or cache_info
+    finally:
+        stop_group(proc)
+        log.close()
+    full_log = log_path.read_text(errors="replace")
+    run_lines = full_log.encode()[offset:].decode(errors="replace").splitlines()
+    iterations = parse_iterations(run_lines)
+
+    num_gpu_blocks, source = None, None
+    m = OVERRIDE_RE.search(full_log)
+    if m:
+        num_gpu_blocks, source = int(m.group(2)), "log: Overriding num_gpu_blocks"
+    elif cache_info.get("num_gpu_blocks") not in (None, "", "None"):
+        num_gpu_blocks, source = int(cache_info["num_gpu_blocks"]), "metrics: cache_config_info"
+    if num_gpu_blocks is None:
+        raise RuntimeError("num_gpu_blocks not found in the start-up log nor in /metrics")
+    if cache_info.get("num_gpu_blocks") not in (None, "", "None") and int(cache_info["num_gpu_blocks"]) != num_gpu_blocks:
+        raise RuntimeError(f"num_gpu_blocks: log says {num_gpu_blocks}, /metrics says {cache_info['num_gpu_blocks']}")
+    block_size = int(cache_info["block_size"]) if cache_info.get("block_size") else None
+    mnbt = re.search(r"max_num_batched_tokens=(\d+)", full_log)
+    if mnbt and int(mnbt.group(1)) != engine["max_num_batched_tokens"]:
+        raise RuntimeError(f"engine runs max_num_batched_tokens={mnbt.group(1)}, asked {engine['max_num_batched_tokens']}")
+    if block_size is None:
+        raise RuntimeError("block_size not found in /metrics cache_config_info")
+
+    run = base_run(job, "server", args)
+    workload = dict(job["workload"])
+    workload["num_gpu_blocks_source"] = source
+    workload["warmup_requests"] = warmup
+    kv = KV_SIZE_RE.search(full_log)
+    if kv:
+        # The start-up line "KV cache size: N tokens" counts every block, the null block included.
+        logged = int(kv.group(1).replace(",", ""))
+        workload["kv_cache_size_tokens_logged"] = logged
+        if logged != num_gpu_blocks * block_size:
+            raise RuntimeError(f"start-up log says {logged} KV tokens, not {num_gpu_blocks} x {block_size}")
+    run.update(
+        {
+            "block_size": block_size,
+            "num_gpu_blocks": num_gpu_blocks,
+            "max_num_batched_tokens": engine["max_num_batched_tokens"],
+            "max_num_seqs": engine["max_num_seqs"],
+            "max_model_len": engine["max_model_len"],
+            "enable_chunked_prefill": engine["enable_chunked_prefill"],
+            "enable_prefix_caching": cache_info.get("enable_prefix_caching", str(engine["enable_prefix_caching"])) == "True",
+            "engine_args": args,
+            "metrics_delta": delta(after, before),
+            "workload": workload,
+        }
+    )
+    write_run(Path(job["out_dir"]), run, requests, iterations)
