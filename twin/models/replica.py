@@ -18,7 +18,16 @@ from twin.engine_profiles.step import StepTimeModel
 from twin.models.engine import Engine, Step
 from twin.models.recorder import Recorder
 from twin.models.request import EngineRequest, Status
-from twin.models.waits import first_of
+
+
+def move_wait(process: simpy.Process, old: simpy.Event, new: simpy.Event) -> None:
+    """Make ``process``, suspended on ``old``, resume on ``new`` instead (``old`` may still fire: as a no-op).
+    What ``Process.interrupt`` does to detach a process from its target, in SimPy 4.1 (pyproject pins
+    simpy below 4.2; tests/test_engine_replica_wait.py checks it)."""
+    resume = process._resume
+    old.callbacks.remove(resume)  # type: ignore[union-attr]
+    new.callbacks.append(resume)  # type: ignore[union-attr]
+    process._target = new
 
 
 class Replica:
@@ -50,8 +59,10 @@ class Replica:
         self.decode_speedup = None  # callable(batch) -> speed-up of decode-only steps (speculative decoding)
         self.healthy = True  # what a health check sees
         self.down = False  # crashed (its process is gone until restart)
-        self._wake: simpy.Event = env.event()
-        self._busy = False
+        self._wake: simpy.Event = env.event()  # what the process waits on when idle
+        self._idle = False  # waiting on ``_wake``
+        self._run_wait: simpy.Timeout | None = None  # the timeout a decode run waits on (see _decode_run)
+        self._cut = False  # the waiting run was cut (its wait moved to ``_wake``)
         self._pending_aborts: list[tuple[EngineRequest, str]] = []
         self._step_index = 0
         self._lv_last: list[float | None] = [None, None, None]  # running, waiting, kv_usage as last recorded
@@ -84,8 +95,19 @@ class Replica:
         self._poke()
 
     def _poke(self) -> None:
-        if not self._wake.triggered:
-            self._wake.succeed()
+        """Wake the process: when idle, or to cut the decode run it waits on. The run's wait is moved from its
+        timeout to a fresh ``_wake`` (see ``_decode_run``); while a single step or the step in flight of a cut
+        run is waited on, nothing is to be done (the next scheduling sees the change)."""
+        if self._idle:
+            if not self._wake.triggered:
+                self._wake.succeed()
+        elif self._run_wait is not None:
+            timeout = self._run_wait
+            self._run_wait = None
+            self._cut = True
+            self._wake = wake = self.env.event()
+            move_wait(self.process, timeout, wake)
+            wake.succeed()
 
     # ---- faults ---------------------------------------------------------------------------------
     def crash(self, reason: str = "crashed") -> list[EngineRequest]:
@@ -97,6 +119,8 @@ class Replica:
         if self.process is not None and self.process.is_alive:
             self.process.interrupt(reason)
         self.process = None
+        self._run_wait = None
+        self._idle = self._cut = False
         now = self.env.now
         eng = self.engine
         dropped = [*eng.running, *eng.waiting.items()]
@@ -130,7 +154,9 @@ class Replica:
             self._apply_aborts()
             if not eng.has_work:
                 self._wake = env.event()
+                self._idle = True
                 yield self._wake
+                self._idle = False
                 continue
             step = eng.schedule(env.now)
             if step is None:
@@ -172,16 +198,7 @@ class Replica:
         # Step ends t0 + (d0 + ... + di): runs are short (a few steps), where numpy's per-call overhead costs
         # more than the loop; accumulate adds left to right as np.cumsum does, so the floats are the same.
         ends = [t0 + s for s in accumulate(durs)]
-        end = ends[-1]
-        self._wake = env.event()
-        # ``timeout | wake`` without a Condition (one per run): resumes at the same place in the event order
-        yield first_of(env, env.timeout(end - t0), self._wake)
-        m = k
-        if env.now < end:  # cut by an arrival or abort: finish the step in flight
-            j = bisect_right(ends, env.now)
-            m = min(j + 1, k)
-            if ends[m - 1] > env.now:
-                yield env.timeout(ends[m - 1] - env.now)
+        m = yield from self._wait_run(ends)
         ends_l = ends[:m] if m < k else ends
         if self.rec.record_iterations:
             starts = [t0, *ends_l[:-1]]
@@ -191,6 +208,36 @@ class Replica:
             self._step_index += m
         finished = self.engine.complete_decode_run(step, m, ends_l)
         self._note_complete(step, finished)
+
+    def _wait_run(self, ends: list[float]):
+        """Wait for a decode run whose steps end at ``ends``: until its last step ends or, when an arrival or
+        abort cuts it (``_poke``), until the step in flight ends. Returns the steps done.
+
+        ``timeout | wake`` with no event per run besides the timeout: ``_poke`` moves the wait from the timeout
+        to a fresh wake event. These waits used to go through one more event (``first_of``'s, scheduled when
+        the first of the two was processed), so where other events are queued for the same instant the process
+        lets them go first (the hop below): the same place in the event order as before, ties included
+        (tests/test_engine_replica_wait.py runs both side by side)."""
+        env = self.env
+        k = len(ends)
+        end = ends[-1]
+        timeout = env.timeout(end - env.now)
+        self._run_wait = timeout
+        yield timeout
+        self._run_wait = None
+        q = env._queue
+        if q and q[0][0] <= env.now:
+            yield env.timeout(0)  # (the hop)
+        if not self._cut:
+            return k
+        self._cut = False  # finish the step in flight
+        now = env.now
+        if now >= end:
+            return k
+        m = min(bisect_right(ends, now) + 1, k)
+        if ends[m - 1] > now:
+            yield env.timeout(ends[m - 1] - now)
+        return m
 
     # ---- bookkeeping ---------------------------------------------------------------------------
     def _apply_aborts(self) -> None:
