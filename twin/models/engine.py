@@ -25,7 +25,7 @@ import heapq
 from array import array
 from dataclasses import dataclass
 
-from twin.engine_profiles.step import StepShape, prefill_attention_work
+from twin.engine_profiles.step import prefill_attention_work
 from twin.models.engine_group import GroupPath
 from twin.models.engine_parts import DecodeGroup, GroupColumn, Step, WaitingQueue
 from twin.models.kv import BlockPool
@@ -84,6 +84,7 @@ class Engine(GroupPath):
         self.grp = DecodeGroup(config.block_size, config.max_model_len)
         self.use_group = config.policy == "fcfs"
         self._adm = 0
+        self.step_kv_usage = True  # record the KV usage at each step's scheduling (for the iteration log)
 
     # ---- arrivals and cancellation -------------------------------------------------------------
     def add(self, r: EngineRequest) -> None:
@@ -257,9 +258,10 @@ class Engine(GroupPath):
             self._shape(step, slow, n_fast, d_ctx)
         step.uniform_decode = (
             not step.admitted and not step.preempted and len(reqs) == len(running)
-            and step.shape.prefill_requests == 0
+            and step.p_req == 0
         )
-        step.kv_usage = kv.usage()
+        if self.step_kv_usage:
+            step.kv_usage = kv.usage()
         return step
 
     def _shape(self, step: Step, items, n_fast: int, d_ctx: int) -> None:
@@ -287,8 +289,7 @@ class Engine(GroupPath):
             else:
                 ctx_r += 1
                 ctx_t += n
-        step.shape = StepShape(decode_requests=d_req, decode_context_tokens=d_ctx, prefill_requests=p_req,
-                               prefill_tokens=p_tok, prefill_attention_pairs=p_pairs)
+        step.d_req, step.d_ctx, step.p_req, step.p_tok, step.p_pairs = d_req, d_ctx, p_req, p_tok, p_pairs
         step.ctx_requests, step.ctx_tokens, step.gen_requests, step.gen_tokens = ctx_r, ctx_t, gen_r, gen_t
 
     def _preempt(self, victim: EngineRequest, step: Step) -> None:
@@ -394,14 +395,16 @@ class Engine(GroupPath):
 
     def _retire(self, finished: list[EngineRequest], end_s: float) -> None:
         if self.grp.n:
+            running = self.running
+            plain = []
             for r in finished:
                 if r._grp is not None:
-                    self._g_leave(r)
-                    self.running.remove(r)
-            finished_plain = [r for r in finished if r in self.running]
+                    del running[self._g_leave(r)]
+                else:
+                    plain.append(r)
         else:
-            finished_plain = finished
-        self._retire_plain(finished_plain)
+            plain = finished
+        self._retire_plain(plain)
         for r in finished:
             self.kv.release(r)
             reason = "stop" if r._nout >= r.target_output_tokens and r.target_output_tokens < r.max_tokens else "length"

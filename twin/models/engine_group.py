@@ -191,8 +191,9 @@ class GroupPath:
             if kv.pend.get(key) is r:
                 del kv.pend[key]
 
-    def _g_leave(self, r: EngineRequest) -> None:
-        """``r`` leaves the group with its true values written (the caller takes it out of ``running``)."""
+    def _g_leave(self, r: EngineRequest) -> int:
+        """``r`` leaves the group with its true values written; returns its index in ``running`` (the caller
+        takes it out)."""
         grp = self.grp
         idx = self.running.index(r)
         assert idx < grp.n
@@ -206,6 +207,7 @@ class GroupPath:
         r.g_ver = None
         r._grp = None
         self._g_write_out(r)
+        return idx
 
     def _g_dissolve(self) -> None:
         """Every member back to plain per-request state (true values written; in-flight token included)."""

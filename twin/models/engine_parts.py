@@ -12,15 +12,21 @@ from collections import deque
 from itertools import chain
 from typing import TYPE_CHECKING
 
+from twin.engine_profiles.step import StepShape
+
 if TYPE_CHECKING:
     from twin.models.request import EngineRequest
 
 
 class Step:
-    """One scheduled step: who computes how many tokens, and the shape the step-time model reads."""
+    """One scheduled step: who computes how many tokens, and the shape the step-time model reads.
 
-    __slots__ = ("reqs", "ns", "shape", "ctx_requests", "ctx_tokens", "gen_requests", "gen_tokens",
-                 "preempted", "admitted", "uniform_decode", "kv_usage", "first_tokens", "g_n", "g_epoch")
+    The shape's five counts are plain fields (``d_req`` ...); the ``StepShape`` itself is built when first
+    read: a decode run needs only ``d_req`` and ``d_ctx``, and a frozen dataclass costs a call per field."""
+
+    __slots__ = ("reqs", "ns", "_shape", "d_req", "d_ctx", "p_req", "p_tok", "p_pairs", "ctx_requests",
+                 "ctx_tokens", "gen_requests", "gen_tokens", "preempted", "admitted", "uniform_decode", "kv_usage",
+                 "first_tokens", "g_n", "g_epoch")
 
     def __init__(self) -> None:
         self.reqs: list[EngineRequest] = []
@@ -30,6 +36,16 @@ class Step:
         self.first_tokens: list[EngineRequest] = []  # filled by Engine.complete: first token in this step, in reqs order
         self.g_n = 0  # reqs[:g_n] are the engine's decode-group members (see DecodeGroup)
         self.g_epoch = -1
+        self._shape: StepShape | None = None
+
+    @property
+    def shape(self) -> StepShape:
+        sh = self._shape
+        if sh is None:
+            sh = self._shape = StepShape(decode_requests=self.d_req, decode_context_tokens=self.d_ctx,
+                                         prefill_requests=self.p_req, prefill_tokens=self.p_tok,
+                                         prefill_attention_pairs=self.p_pairs)
+        return sh
 
 
 class WaitingQueue:

@@ -46,6 +46,7 @@ class Replica:
         self.env = env
         self.scope = scope
         self.engine = engine
+        engine.step_kv_usage = recorder.record_iterations  # (only the iteration log reads it)
         self.step_model = step_model
         self.overhead_s = float(getattr(step_model, "overhead_s", 0.0))
         self.rec = recorder
@@ -135,6 +136,7 @@ class Replica:
     def restart(self, engine: Engine) -> None:
         """Back after recovery and warm-up, with a cold KV cache."""
         self.engine = engine
+        engine.step_kv_usage = self.rec.record_iterations
         self.down = False
         self.healthy = True
         self._wake = self.env.event()
@@ -176,8 +178,8 @@ class Replica:
     def _one_step(self, step: Step):
         t0 = self.env.now
         d = self.step_model.step_time_s(step.shape) * self.speed_factor
-        if self.decode_speedup is not None and step.shape.prefill_requests == 0:
-            d /= self.decode_speedup(step.shape.decode_requests)
+        if self.decode_speedup is not None and step.p_req == 0:
+            d /= self.decode_speedup(step.d_req)
         yield self.env.timeout(d)
         self._log_iteration(step, t0, d)
         finished = self.engine.complete(step, self.env.now)
@@ -186,14 +188,14 @@ class Replica:
     def _decode_run(self, step: Step, k: int):
         env = self.env
         t0 = env.now
-        sh = step.shape
+        d_req, d_ctx = step.d_req, step.d_ctx
         model = self.step_model
         if self.speed_factor == 1.0 and self.decode_speedup is None and hasattr(model, "decode_run_list"):
-            durs = model.decode_run_list(sh.decode_requests, sh.decode_context_tokens, k)  # same floats as a list
+            durs = model.decode_run_list(d_req, d_ctx, k)  # same floats as a list
         else:
-            arr = model.decode_run_s(sh.decode_requests, sh.decode_context_tokens, k) * self.speed_factor
+            arr = model.decode_run_s(d_req, d_ctx, k) * self.speed_factor
             if self.decode_speedup is not None:
-                arr = arr / self.decode_speedup(sh.decode_requests)
+                arr = arr / self.decode_speedup(d_req)
             durs = arr.tolist()
         # Step ends t0 + (d0 + ... + di): runs are short (a few steps), where numpy's per-call overhead costs
         # more than the loop; accumulate adds left to right as np.cumsum does, so the floats are the same.
