@@ -116,6 +116,21 @@ class Engine(GroupPath):
 
     # ---- one scheduling step -------------------------------------------------------------------
     def schedule(self, now_s: float) -> Step | None:
+        grp = self.grp
+        if grp.n and grp.n == len(self.running) and not self.waiting._n:
+            # Only the group's members, nothing waiting: the step is theirs (the usual step between an arrival
+            # and a finish). The general path below does the same with more to set up.
+            step = Step()
+            n = self._g_schedule(step, self.cfg.max_num_batched_tokens)
+            if n:
+                step.d_req = step.gen_requests = step.gen_tokens = n
+                step.d_ctx = grp.csum
+                step.p_req = step.p_tok = step.p_pairs = step.ctx_requests = step.ctx_tokens = 0
+                step.uniform_decode = True
+                if self.step_kv_usage:
+                    step.kv_usage = self.kv.usage()
+                return step
+            # (the group was dissolved: the general path, on the per-request state)
         cfg, kv = self.cfg, self.kv
         budget = cfg.max_num_batched_tokens
         n_total = len(self.running) + len(self.waiting)
@@ -138,7 +153,6 @@ class Engine(GroupPath):
         slow: list[int] = []  # positions in reqs of every other item (shape counted in _shape)
         d_ctx = 0
         mml1, bs1 = mml - 1, bs - 1
-        grp = self.grp
         if grp.n:
             i = n_fast = self._g_schedule(step, budget)
             if i:

@@ -152,9 +152,11 @@ class Replica:
 
     def _loop(self):
         env, eng = self.env, self.engine
+        waiting = eng.waiting
         while True:
-            self._apply_aborts()
-            if not eng.has_work:
+            if self._pending_aborts:
+                self._apply_aborts()
+            if not eng.running and not waiting._n:  # (not eng.has_work)
                 self._wake = env.event()
                 self._idle = True
                 yield self._wake
@@ -164,7 +166,8 @@ class Replica:
             if step is None:
                 raise RuntimeError(f"{self.scope}: work is queued but nothing can be scheduled "
                                    f"(KV pool too small for the head request?)")
-            self._note_schedule(step)
+            if step.admitted or step.preempted:
+                self._note_schedule(step)
             self.events += 1
             if step.uniform_decode and self.max_run > 1:
                 k = eng.max_decode_run(step, self.max_run)
@@ -278,7 +281,7 @@ class Replica:
         """Record the three gauges. A value equal to the one last recorded is a no-op in the recorder, so
         it is skipped here without the recorder's lookup (this runs once per engine event)."""
         eng, last = self.engine, self._lv_last
-        running, waiting, kv = float(len(eng.running)), float(len(eng.waiting)), eng.kv.usage()
+        running, waiting, kv = float(len(eng.running)), float(eng.waiting._n), eng.kv.usage()
         if running != last[0]:
             last[0] = running
             self.rec.level(self.env.now, self.scope, "running", running)
