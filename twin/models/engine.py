@@ -517,7 +517,7 @@ class Engine(GroupPath):
         broken = False
         if g_n:
             broken = self._g_run(step, m, ends_s, finished, counts)
-        for r in (self.running[g_n:] if g_n else self.running):
+        for r in (self.running[g_n:] if g_n else self.running) if g_n < len(self.running) else ():
             # kv.allocate_decode(r, ca) for the tokens computed in steps 2..m, its no-op case checked inline
             ca = r.num_computed + k
             if -(-(ca if ca < mml else mml) // bs) > len(r.blocks) or (caching and ca // bs > r.num_cached_blocks):

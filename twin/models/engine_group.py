@@ -133,9 +133,9 @@ class GroupPath:
         """After a completion: running requests right after the members that decode steadily join."""
         grp, running = self.grp, self.running
         grp.last_s = end_s
-        if not self.use_group:
-            return
         n = grp.n
+        if n == len(running) or not self.use_group:
+            return
         itl_g = self.itl_groups
         mml, S = self.cfg.max_model_len, grp.steps
         pend = self.kv.pend if self.kv.caching else None

@@ -66,7 +66,7 @@ class Replica:
         self._cut = False  # the waiting run was cut (its wait moved to ``_wake``)
         self._pending_aborts: list[tuple[EngineRequest, str]] = []
         self._step_index = 0
-        self._lv_last: list[float | None] = [None, None, None]  # running, waiting, kv_usage as last recorded
+        self._lv_last: list[int | float | None] = [None, None, None]  # running, waiting, kv_usage as last recorded
         self.events = 0  # engine events (a step or a decode run), for benchmarks
         self.process: simpy.Process | None = None
 
@@ -269,25 +269,27 @@ class Replica:
     def _note_complete(self, step: Step, finished: list[EngineRequest]) -> None:
         now = self.env.now
         rec = self.rec
-        for r in step.first_tokens:  # (Engine.complete lists them: no pass over every scheduled request)
-            rec.event(now, self._k_first, self.scope, r.request_id)
-        for r in finished:
-            rec.event(now, self._k_finished, self.scope, r.request_id, float(r.num_output), r.finished_reason)
-            if self.on_finished is not None:
-                self.on_finished(r)
+        if step.first_tokens:  # (Engine.complete lists them: no pass over every scheduled request)
+            for r in step.first_tokens:
+                rec.event(now, self._k_first, self.scope, r.request_id)
+        if finished:
+            for r in finished:
+                rec.event(now, self._k_finished, self.scope, r.request_id, float(r.num_output), r.finished_reason)
+                if self.on_finished is not None:
+                    self.on_finished(r)
         self._levels()
 
     def _levels(self) -> None:
         """Record the three gauges. A value equal to the one last recorded is a no-op in the recorder, so
         it is skipped here without the recorder's lookup (this runs once per engine event)."""
         eng, last = self.engine, self._lv_last
-        running, waiting, kv = float(len(eng.running)), float(eng.waiting._n), eng.kv.usage()
-        if running != last[0]:
+        running, waiting, kv = len(eng.running), eng.waiting._n, eng.kv.usage()
+        if running != last[0]:  # (counts compared as ints, recorded as floats)
             last[0] = running
-            self.rec.level(self.env.now, self.scope, "running", running)
+            self.rec.level(self.env.now, self.scope, "running", float(running))
         if waiting != last[1]:
             last[1] = waiting
-            self.rec.level(self.env.now, self.scope, "waiting", waiting)
+            self.rec.level(self.env.now, self.scope, "waiting", float(waiting))
         if kv != last[2]:
             last[2] = kv
             self.rec.level(self.env.now, self.scope, "kv_usage", kv)
