@@ -201,8 +201,10 @@ class Replica:
                 arr = arr / self.decode_speedup(d_req)
             durs = arr.tolist()
         # Step ends t0 + (d0 + ... + di): runs are short (a few steps), where numpy's per-call overhead costs
-        # more than the loop; accumulate adds left to right as np.cumsum does, so the floats are the same.
-        ends = [t0 + s for s in accumulate(durs)]
+        # more than the loop; accumulate adds left to right as np.cumsum does, so the floats are the same
+        # (``map`` with the bound add: the loop in C; the clock may start as int 0, and int + float converts the int
+        # first, so float(t0) gives the same sums).
+        ends = list(map(float(t0).__add__, accumulate(durs)))
         m = yield from self._wait_run(ends)
         ends_l = ends[:m] if m < k else ends
         if self.rec.record_iterations:
