@@ -4,7 +4,8 @@ run) keeps every event in the place the former wait gave it, ties included.
 The former wait went through ``first_of(timeout, wake)``: one more event per run, scheduled when the first
 of the two was processed, so the process resumed behind whatever else was queued for that instant. Here
 step times and arrival, cancellation and bystander times all lie on a 1/16-s grid, so runs end, get cut and
-finish at the same instants as other processes act; the log of everything that happens (recorded events,
+finish at the same instants as other processes act, some of which go on acting at the same instant (a
+zero-delay cascade); the log of everything that happens (recorded events,
 bystanders, finished callbacks, in order) must be the same with the former wait as with the current one,
 and differ without the same-instant hop (so the schedules do exercise ties).
 """
@@ -12,6 +13,7 @@ and differ without the same-instant hop (so the schedules do exercise ties).
 from __future__ import annotations
 
 from bisect import bisect_right
+from itertools import accumulate
 
 import numpy as np
 import pytest
@@ -26,39 +28,52 @@ from twin.models.waits import first_of
 
 
 class FirstOfReplica(Replica):
-    """The wait as it was: a wake event per run, ``first_of(timeout, wake)``, a poke succeeding the wake."""
+    """The decode run as it was (commit e22a1ae): all its step ends worked out up front, a wake event per run,
+    ``first_of(timeout, wake)``, a poke succeeding the wake."""
 
     def _poke(self) -> None:
         if not self._wake.triggered:
             self._wake.succeed()
 
-    def _wait_run(self, ends: list[float]):
+    def _decode_run(self, step, k: int):
         env = self.env
-        k, end = len(ends), ends[-1]
+        t0 = env.now
+        sh = step.shape
+        model = self.step_model
+        if self.speed_factor == 1.0 and self.decode_speedup is None and hasattr(model, "decode_run_list"):
+            durs = model.decode_run_list(sh.decode_requests, sh.decode_context_tokens, k)
+        else:
+            durs = (model.decode_run_s(sh.decode_requests, sh.decode_context_tokens, k) * self.speed_factor).tolist()
+        ends = [t0 + s for s in accumulate(durs)]
+        end = ends[-1]
         self._wake = env.event()
-        yield first_of(env, env.timeout(end - env.now), self._wake)
+        yield first_of(env, env.timeout(end - t0), self._wake)
         m = k
         if env.now < end:
-            m = min(bisect_right(ends, env.now) + 1, k)
+            j = bisect_right(ends, env.now)
+            m = min(j + 1, k)
             if ends[m - 1] > env.now:
                 yield env.timeout(ends[m - 1] - env.now)
-        return m
+        ends_l = ends[:m] if m < k else ends
+        self._step_index += m
+        finished = self.engine.complete_decode_run(step, m, ends_l)
+        self._note_complete(step, finished)
 
 
 class NoHopReplica(Replica):
     """The current wait without the same-instant hop (must differ somewhere, or the ties are not exercised)."""
 
-    def _wait_run(self, ends: list[float]):
+    def _wait_run(self, ends):
         env = self.env
-        k, end = len(ends), ends[-1]
-        timeout = env.timeout(end - env.now)
-        self._run_wait = timeout
+        k, t0 = len(ends), env.now
+        timeout = env.timeout(ends[-1] - t0)
+        self._run_wait, self._run_end_t = timeout, t0 + (ends[-1] - t0)
         yield timeout
-        self._run_wait = None
+        self._run_wait, self._run_end_t = None, float("inf")
         if not self._cut:
             return k
         self._cut = False
-        if env.now >= end:
+        if env.now >= ends[-1]:
             return k
         m = min(bisect_right(ends, env.now) + 1, k)
         if ends[m - 1] > env.now:
@@ -78,6 +93,13 @@ class GridSteps:
         return np.full(num_steps, 0.125)
 
 
+class GridListSteps(GridSteps):
+    """With ``decode_run_list`` (the replica's other way to the step times)."""
+
+    def decode_run_list(self, decode_requests: int, decode_context_tokens: int, num_steps: int) -> list[float]:
+        return [0.125] * num_steps
+
+
 class LogRecorder(Recorder):
     def __init__(self, log: list) -> None:
         super().__init__()
@@ -88,13 +110,13 @@ class LogRecorder(Recorder):
         super().event(t_s, kind, scope, request_id, value, reason)
 
 
-def _run(cls: type[Replica], seed: int) -> list:
+def _run(cls: type[Replica], seed: int, steps=GridSteps) -> list:
     rng = np.random.default_rng(seed)
     log: list = []
     env = simpy.Environment()
     engine = Engine(EngineConfig(num_gpu_blocks=600, block_size=16, max_num_batched_tokens=512, max_num_seqs=16,
                                  max_model_len=2048))
-    replica = cls(env, scope="r", engine=engine, step_model=GridSteps(), recorder=LogRecorder(log),
+    replica = cls(env, scope="r", engine=engine, step_model=steps(), recorder=LogRecorder(log),
                   max_decode_run_steps=int(rng.choice([8, 64])),
                   on_finished=lambda r: log.append((env.now, "done", r.request_id)))
     n = 60
@@ -118,6 +140,8 @@ def _run(cls: type[Replica], seed: int) -> list:
             log.append((env.now, name))
             if cancel and live:
                 replica.cancel(live[int(rng.integers(len(live)))])
+            yield env.timeout(0)  # a same-instant cascade: where the replica resumes among these is observable
+            log.append((env.now, name + " again"))
 
     replica.start()
     env.process(source())
@@ -127,9 +151,10 @@ def _run(cls: type[Replica], seed: int) -> list:
     return log
 
 
+@pytest.mark.parametrize("steps", [GridSteps, GridListSteps])
 @pytest.mark.parametrize("seed", range(8))
-def test_run_wait_keeps_the_event_order(seed: int) -> None:
-    assert _run(Replica, seed) == _run(FirstOfReplica, seed)
+def test_run_wait_keeps_the_event_order(seed: int, steps) -> None:
+    assert _run(Replica, seed, steps) == _run(FirstOfReplica, seed, steps)
 
 
 def test_the_schedules_exercise_same_instant_ties() -> None:

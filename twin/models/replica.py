@@ -19,6 +19,8 @@ from twin.models.engine import Engine, Step
 from twin.models.recorder import Recorder
 from twin.models.request import EngineRequest, Status
 
+_INF = float("inf")
+
 
 def move_wait(process: simpy.Process, old: simpy.Event, new: simpy.Event) -> None:
     """Make ``process``, suspended on ``old``, resume on ``new`` instead (``old`` may still fire: as a no-op).
@@ -62,7 +64,8 @@ class Replica:
         self.down = False  # crashed (its process is gone until restart)
         self._wake: simpy.Event = env.event()  # what the process waits on when idle
         self._idle = False  # waiting on ``_wake``
-        self._run_wait: simpy.Timeout | None = None  # the timeout a decode run waits on (see _decode_run)
+        self._run_wait: simpy.Event | None = None  # what a decode run waits on (see _wait_run)
+        self._run_end_t = _INF  # the time that timeout is due
         self._cut = False  # the waiting run was cut (its wait moved to ``_wake``)
         self._pending_aborts: list[tuple[EngineRequest, str]] = []
         self._step_index = 0
@@ -103,6 +106,8 @@ class Replica:
             if not self._wake.triggered:
                 self._wake.succeed()
         elif self._run_wait is not None:
+            if self._run_end_t == self.env.now:
+                return  # the run's end is due at this instant, queued before a wake would be: no cut, as before
             timeout = self._run_wait
             self._run_wait = None
             self._cut = True
@@ -121,6 +126,7 @@ class Replica:
             self.process.interrupt(reason)
         self.process = None
         self._run_wait = None
+        self._run_end_t = _INF
         self._idle = self._cut = False
         now = self.env.now
         eng = self.engine
@@ -221,17 +227,22 @@ class Replica:
         abort cuts it (``_poke``), until the step in flight ends. Returns the steps done.
 
         ``timeout | wake`` with no event per run besides the timeout: ``_poke`` moves the wait from the timeout
-        to a fresh wake event. These waits used to go through one more event (``first_of``'s, scheduled when
-        the first of the two was processed), so where other events are queued for the same instant the process
-        lets them go first (the hop below): the same place in the event order as before, ties included
-        (tests/test_engine_replica_wait.py runs both side by side)."""
+        to a fresh wake event, unless the timeout is due at that very instant (it is queued before the wake
+        would be: the run ends whole, as it did). These waits used to go through one more event (``first_of``'s,
+        scheduled when the first of the two was processed), so where other events are queued for the same
+        instant the process lets them go first (the hop below): the same place in the event order as before,
+        ties and same-instant cascades included (tests/test_engine_replica_wait.py runs the former code side by
+        side)."""
         env = self.env
         k = len(ends)
         end = ends[-1]
-        timeout = env.timeout(end - env.now)
+        t0 = env.now
+        timeout = env.timeout(end - t0)
         self._run_wait = timeout
+        self._run_end_t = t0 + (end - t0)  # (the time the timeout is scheduled at)
         yield timeout
         self._run_wait = None
+        self._run_end_t = _INF
         q = env._queue
         if q and q[0][0] <= env.now:
             yield env.timeout(0)  # (the hop)
