@@ -10,12 +10,16 @@ from array import array
 from bisect import insort
 from collections import deque
 from itertools import chain
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from twin.engine_profiles.step import StepShape
 
 if TYPE_CHECKING:
     from twin.models.request import EngineRequest
+
+
+_first, _second = itemgetter(0), itemgetter(1)
 
 
 class Step:
@@ -220,11 +224,12 @@ class DecodeGroup:
         per, bs = self.per, self.bs
         if move:
             if s0 == s1:  # (one step: one slot, already in admission order)
-                return [e[1] for e in per[s0 % bs]]
+                return list(map(_second, per[s0 % bs]))
             lists = [lst for t in range(s0, s1 + 1) if (lst := per[t % bs])]
             if len(lists) == 1:
-                return [e[1] for e in lists[0]]
-            return [e[1] for e in sorted(chain.from_iterable(lists))]
+                return list(map(_second, lists[0]))
+            # by adm alone (unique among members): C-level int compares instead of tuple ones
+            return list(map(_second, sorted(chain.from_iterable(lists), key=_first)))
         out: list[tuple[int, EngineRequest]] = []
         for t in range(s0, min(s1, s0 + bs - 1) + 1):
             lst = per[t % bs]
