@@ -9,7 +9,7 @@ into ``Engine`` and works on its attributes (``grp``, ``kv``, ``running``, the i
 from __future__ import annotations
 
 from array import array
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING
 
 from twin.models.request import EngineRequest, Status
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 
 _by_adm = attrgetter("adm")
+_second = itemgetter(1)
 
 
 def _pair_adm(p: tuple[EngineRequest, int]) -> int:
@@ -38,7 +39,8 @@ class GroupPath:
         n = grp.n
         s = grp.steps + 1
         due = grp.take_sched(s)
-        per = grp.take_per(s, s, True) if grp.n_per else ()  # one block each (see DecodeGroup)
+        # one block each (see DecodeGroup): grp.take_per(s, s, True), inlined
+        per = list(map(_second, slot)) if grp.n_per and (slot := grp.per[s % grp.bs]) else ()
         if not due and not per:
             if n > budget:
                 self._g_dissolve()

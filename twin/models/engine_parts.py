@@ -46,9 +46,9 @@ class Step:
     def shape(self) -> StepShape:
         sh = self._shape
         if sh is None:
-            sh = self._shape = StepShape(decode_requests=self.d_req, decode_context_tokens=self.d_ctx,
-                                         prefill_requests=self.p_req, prefill_tokens=self.p_tok,
-                                         prefill_attention_pairs=self.p_pairs)
+            # (positional, in field order: decode_requests, decode_context_tokens, prefill_requests,
+            # prefill_tokens, prefill_attention_pairs; keywords cost more to bind)
+            sh = self._shape = StepShape(self.d_req, self.d_ctx, self.p_req, self.p_tok, self.p_pairs)
         return sh
 
 
