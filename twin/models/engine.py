@@ -21,13 +21,13 @@ decoding, LoRA, encoder cache or KV connectors; stop strings are modelled as the
 
 from __future__ import annotations
 
-import heapq
 from array import array
 from dataclasses import dataclass
 
-from twin.engine_profiles.step import StepShape, prefill_attention_work
+from twin.engine_profiles.step import prefill_attention_work
 from twin.models.engine_group import GroupPath
 from twin.models.engine_parts import DecodeGroup, GroupColumn, Step, WaitingQueue
+from twin.models.engine_runs import RunPath
 from twin.models.kv import BlockPool
 from twin.models.request import EngineRequest, Status
 
@@ -56,10 +56,11 @@ class EngineConfig:
             raise ValueError("with chunked prefill off, max_num_batched_tokens must be >= max_model_len (as vLLM requires)")
 
 
-class Engine(GroupPath):
+class Engine(GroupPath, RunPath):
     """vLLM V1 scheduling + KV cache for one replica. Times are passed in; the engine has no clock.
 
-    The decode group's path (``_g_*``) is in ``twin.models.engine_group``."""
+    The decode group's path (``_g_*``) is in ``twin.models.engine_group``; many identical decode steps in one
+    event (``max_decode_run``, ``complete_decode_run``) in ``twin.models.engine_runs``."""
 
     def __init__(self, config: EngineConfig, *, track_groups: bool = False) -> None:
         self.cfg = config
@@ -84,6 +85,7 @@ class Engine(GroupPath):
         self.grp = DecodeGroup(config.block_size, config.max_model_len)
         self.use_group = config.policy == "fcfs"
         self._adm = 0
+        self.step_kv_usage = True  # record the KV usage at each step's scheduling (for the iteration log)
 
     # ---- arrivals and cancellation -------------------------------------------------------------
     def add(self, r: EngineRequest) -> None:
@@ -115,6 +117,21 @@ class Engine(GroupPath):
 
     # ---- one scheduling step -------------------------------------------------------------------
     def schedule(self, now_s: float) -> Step | None:
+        grp = self.grp
+        if grp.n and grp.n == len(self.running) and not self.waiting._n:
+            # Only the group's members, nothing waiting: the step is theirs (the usual step between an arrival
+            # and a finish). The general path below does the same with more to set up.
+            step = Step()
+            n = self._g_schedule(step, self.cfg.max_num_batched_tokens)
+            if n:
+                step.d_req = step.gen_requests = step.gen_tokens = n
+                step.d_ctx = grp.csum
+                step.p_req = step.p_tok = step.p_pairs = step.ctx_requests = step.ctx_tokens = 0
+                step.uniform_decode = True
+                if self.step_kv_usage:
+                    step.kv_usage = self.kv.usage()
+                return step
+            # (the group was dissolved: the general path, on the per-request state)
         cfg, kv = self.cfg, self.kv
         budget = cfg.max_num_batched_tokens
         n_total = len(self.running) + len(self.waiting)
@@ -137,7 +154,6 @@ class Engine(GroupPath):
         slow: list[int] = []  # positions in reqs of every other item (shape counted in _shape)
         d_ctx = 0
         mml1, bs1 = mml - 1, bs - 1
-        grp = self.grp
         if grp.n:
             i = n_fast = self._g_schedule(step, budget)
             if i:
@@ -257,9 +273,10 @@ class Engine(GroupPath):
             self._shape(step, slow, n_fast, d_ctx)
         step.uniform_decode = (
             not step.admitted and not step.preempted and len(reqs) == len(running)
-            and step.shape.prefill_requests == 0
+            and step.p_req == 0
         )
-        step.kv_usage = kv.usage()
+        if self.step_kv_usage:
+            step.kv_usage = kv.usage()
         return step
 
     def _shape(self, step: Step, items, n_fast: int, d_ctx: int) -> None:
@@ -287,8 +304,7 @@ class Engine(GroupPath):
             else:
                 ctx_r += 1
                 ctx_t += n
-        step.shape = StepShape(decode_requests=d_req, decode_context_tokens=d_ctx, prefill_requests=p_req,
-                               prefill_tokens=p_tok, prefill_attention_pairs=p_pairs)
+        step.d_req, step.d_ctx, step.p_req, step.p_tok, step.p_pairs = d_req, d_ctx, p_req, p_tok, p_pairs
         step.ctx_requests, step.ctx_tokens, step.gen_requests, step.gen_tokens = ctx_r, ctx_t, gen_r, gen_t
 
     def _preempt(self, victim: EngineRequest, step: Step) -> None:
@@ -394,14 +410,16 @@ class Engine(GroupPath):
 
     def _retire(self, finished: list[EngineRequest], end_s: float) -> None:
         if self.grp.n:
+            running = self.running
+            plain = []
             for r in finished:
                 if r._grp is not None:
-                    self._g_leave(r)
-                    self.running.remove(r)
-            finished_plain = [r for r in finished if r in self.running]
+                    del running[self._g_leave(r)]
+                else:
+                    plain.append(r)
         else:
-            finished_plain = finished
-        self._retire_plain(finished_plain)
+            plain = finished
+        self._retire_plain(plain)
         for r in finished:
             self.kv.release(r)
             reason = "stop" if r._nout >= r.target_output_tokens and r.target_output_tokens < r.max_tokens else "length"
@@ -422,127 +440,3 @@ class Engine(GroupPath):
         r.finished_reason = reason
         if r.on_finished is not None:
             r.on_finished(r)
-
-    # ---- many identical decode steps in one event ----------------------------------------------
-    def max_decode_run(self, step: Step, limit: int) -> int:
-        """How many decode steps, starting with ``step``, are guaranteed identical in composition.
-
-        Valid only when ``step.uniform_decode``: every running request decodes one token, nothing was
-        admitted or preempted. The run ends at the first step in which a request finishes (that step
-        included) or before the first step whose block allocation would not fit.
-        """
-        mml = self.cfg.max_model_len
-        k = limit
-        grp = self.grp
-        g_n = step.g_n if step.g_epoch == grp.epoch else 0
-        if g_n:  # the members' earliest finish or watched count is the top of the complete-time heap
-            ch = grp.cheap
-            while ch and ch[0][3].g_ver != ch[0][2]:
-                heapq.heappop(ch)
-            if ch and ch[0][0] - grp.steps < k:
-                k = ch[0][0] - grp.steps
-        others = self.running[g_n:] if g_n else self.running
-        for r in others:
-            rem = r.target_output_tokens - r._nout
-            by_len = mml - r.seq.num_tokens
-            if by_len < rem:
-                rem = by_len
-            w = r.watch_output
-            if w is not None and r._nout < w < r._nout + rem:
-                rem = w - r._nout
-            if rem < k:
-                k = rem
-        if k <= 1:
-            return 1
-        bs = self.kv.block_size
-        free = self.kv.num_free
-        if len(self.running) * ((k + bs - 2) // bs) <= free:
-            return k  # no request allocates more than ceil((k - 1) / bs) blocks in steps 2..k: all fit
-        cs = [r.num_computed for r in others]  # after step 1's scheduling
-        # members by (c - 1) mod bs, c their num_computed after step 1's scheduling (see DecodeGroup.hist)
-        phases = [((key + grp.steps) % bs, h) for key, h in enumerate(grp.hist) if h] if g_n else []
-
-        def new_blocks(m: int) -> int:  # blocks steps 2..m allocate
-            return (sum((c + m - 2) // bs - (c - 1) // bs for c in cs)
-                    + sum(h * ((x + m - 1) // bs) for x, h in phases))
-
-        if new_blocks(k) <= free:
-            return k
-        lo, hi = 1, k  # new_blocks(lo) <= free < new_blocks(hi)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if new_blocks(mid) <= free:
-                lo = mid
-            else:
-                hi = mid
-        return lo
-
-    def complete_decode_run(self, step: Step, m: int, ends_s: list[float]) -> list[EngineRequest]:
-        """Apply ``m`` decode steps (the first is ``step``) ending at ``ends_s[0..m-1]``.
-
-        Per request: the blocks of steps 2..m (the tokens sampled in steps 1..m-1), then ``m`` new tokens,
-        the first at ``ends_s[0]`` and the last at ``ends_s[m-1]``; as ``m`` calls of ``complete`` would.
-        """
-        if m == 1:
-            return self.complete(step, ends_s[0])
-        self.num_steps += m
-        kv = self.kv
-        mml = self.cfg.max_model_len
-        first_s, last_s = ends_s[0], ends_s[m - 1]
-        finished: list[EngineRequest] = []
-        k = m - 1
-        itl_v, itl_w, itl_g = self.itl_values, self.itl_weights, self.itl_groups
-        bs = kv.block_size
-        caching = kv.caching
-        counts: dict[str | None, int] = {}  # requests per gap group, in first-seen order (only with itl_g)
-        grp = self.grp
-        g_n = step.g_n if step.g_epoch == grp.epoch else 0
-        broken = False
-        if g_n:
-            broken = self._g_run(step, m, ends_s, finished, counts)
-        for r in (self.running[g_n:] if g_n else self.running):
-            # kv.allocate_decode(r, ca) for the tokens computed in steps 2..m, its no-op case checked inline
-            ca = r.num_computed + k
-            if -(-(ca if ca < mml else mml) // bs) > len(r.blocks) or (caching and ca // bs > r.num_cached_blocks):
-                ok = kv.allocate_decode(r, ca)
-                assert ok, "max_decode_run guaranteed the blocks"
-            r.num_computed = ca
-            # _emit for a request with output (every request of a decode run has some), inlined
-            itl_v.append(first_s - r.last_token_s)
-            itl_w.append(1)
-            if itl_g is not None:
-                g = r.group
-                itl_g.append(g)
-                counts[g] = counts.get(g, 0) + 1
-            seq = r.seq
-            seq._out_len += m
-            seq.num_tokens += m
-            n_out = r._nout = r._nout + m
-            r.last_token_s = last_s
-            w = r.watch_output
-            if r.on_tokens is not None and w is not None and n_out >= w:
-                r.on_tokens(r, m, last_s)
-            if r.token_times is not None:
-                r.token_times.extend(ends_s[:m])
-            if n_out >= r.target_output_tokens or seq.num_tokens >= mml:
-                finished.append(r)
-        self.generation_tokens += m * len(self.running)
-        gaps = [ends_s[j] - ends_s[j - 1] for j in range(1, m)]
-        if itl_g is None:
-            itl_v.extend(gaps)
-            itl_w.extend([len(self.running)] * k)
-        else:
-            g = len(counts)
-            if g == 1:
-                itl_v.extend(gaps)
-            else:  # step-major, groups in first-seen order
-                itl_v.extend([gap for gap in gaps for _ in range(g)])
-            itl_w.extend(list(counts.values()) * k)
-            codes = [itl_g.code(g) for g in counts]
-            itl_g.codes.extend(codes * k)
-        if finished:
-            self._retire(finished, last_s)
-        if broken:
-            self._g_dissolve()
-        self._g_join(last_s)
-        return finished

@@ -9,7 +9,7 @@ into ``Engine`` and works on its attributes (``grp``, ``kv``, ``running``, the i
 from __future__ import annotations
 
 from array import array
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING
 
 from twin.models.request import EngineRequest, Status
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 
 _by_adm = attrgetter("adm")
+_second = itemgetter(1)
 
 
 def _pair_adm(p: tuple[EngineRequest, int]) -> int:
@@ -38,7 +39,8 @@ class GroupPath:
         n = grp.n
         s = grp.steps + 1
         due = grp.take_sched(s)
-        per = grp.take_per(s, s, True) if grp.n_per else ()  # one block each (see DecodeGroup)
+        # one block each (see DecodeGroup): grp.take_per(s, s, True), inlined
+        per = list(map(_second, slot)) if grp.n_per and (slot := grp.per[s % grp.bs]) else ()
         if not due and not per:
             if n > budget:
                 self._g_dissolve()
@@ -133,9 +135,9 @@ class GroupPath:
         """After a completion: running requests right after the members that decode steadily join."""
         grp, running = self.grp, self.running
         grp.last_s = end_s
-        if not self.use_group:
-            return
         n = grp.n
+        if n == len(running) or not self.use_group:
+            return
         itl_g = self.itl_groups
         mml, S = self.cfg.max_model_len, grp.steps
         pend = self.kv.pend if self.kv.caching else None
@@ -191,8 +193,9 @@ class GroupPath:
             if kv.pend.get(key) is r:
                 del kv.pend[key]
 
-    def _g_leave(self, r: EngineRequest) -> None:
-        """``r`` leaves the group with its true values written (the caller takes it out of ``running``)."""
+    def _g_leave(self, r: EngineRequest) -> int:
+        """``r`` leaves the group with its true values written; returns its index in ``running`` (the caller
+        takes it out)."""
         grp = self.grp
         idx = self.running.index(r)
         assert idx < grp.n
@@ -206,6 +209,7 @@ class GroupPath:
         r.g_ver = None
         r._grp = None
         self._g_write_out(r)
+        return idx
 
     def _g_dissolve(self) -> None:
         """Every member back to plain per-request state (true values written; in-flight token included)."""

@@ -10,17 +10,27 @@ from array import array
 from bisect import insort
 from collections import deque
 from itertools import chain
+from operator import itemgetter
 from typing import TYPE_CHECKING
+
+from twin.engine_profiles.step import StepShape
 
 if TYPE_CHECKING:
     from twin.models.request import EngineRequest
 
 
-class Step:
-    """One scheduled step: who computes how many tokens, and the shape the step-time model reads."""
+_first, _second = itemgetter(0), itemgetter(1)
 
-    __slots__ = ("reqs", "ns", "shape", "ctx_requests", "ctx_tokens", "gen_requests", "gen_tokens",
-                 "preempted", "admitted", "uniform_decode", "kv_usage", "first_tokens", "g_n", "g_epoch")
+
+class Step:
+    """One scheduled step: who computes how many tokens, and the shape the step-time model reads.
+
+    The shape's five counts are plain fields (``d_req`` ...); the ``StepShape`` itself is built when first
+    read: a decode run needs only ``d_req`` and ``d_ctx``, and a frozen dataclass costs a call per field."""
+
+    __slots__ = ("reqs", "ns", "_shape", "d_req", "d_ctx", "p_req", "p_tok", "p_pairs", "ctx_requests",
+                 "ctx_tokens", "gen_requests", "gen_tokens", "preempted", "admitted", "uniform_decode", "kv_usage",
+                 "first_tokens", "g_n", "g_epoch")
 
     def __init__(self) -> None:
         self.reqs: list[EngineRequest] = []
@@ -30,6 +40,16 @@ class Step:
         self.first_tokens: list[EngineRequest] = []  # filled by Engine.complete: first token in this step, in reqs order
         self.g_n = 0  # reqs[:g_n] are the engine's decode-group members (see DecodeGroup)
         self.g_epoch = -1
+        self._shape: StepShape | None = None
+
+    @property
+    def shape(self) -> StepShape:
+        sh = self._shape
+        if sh is None:
+            # (positional, in field order: decode_requests, decode_context_tokens, prefill_requests,
+            # prefill_tokens, prefill_attention_pairs; keywords cost more to bind)
+            sh = self._shape = StepShape(self.d_req, self.d_ctx, self.p_req, self.p_tok, self.p_pairs)
+        return sh
 
 
 class WaitingQueue:
@@ -204,11 +224,12 @@ class DecodeGroup:
         per, bs = self.per, self.bs
         if move:
             if s0 == s1:  # (one step: one slot, already in admission order)
-                return [e[1] for e in per[s0 % bs]]
+                return list(map(_second, per[s0 % bs]))
             lists = [lst for t in range(s0, s1 + 1) if (lst := per[t % bs])]
             if len(lists) == 1:
-                return [e[1] for e in lists[0]]
-            return [e[1] for e in sorted(chain.from_iterable(lists))]
+                return list(map(_second, lists[0]))
+            # by adm alone (unique among members): C-level int compares instead of tuple ones
+            return list(map(_second, sorted(chain.from_iterable(lists), key=_first)))
         out: list[tuple[int, EngineRequest]] = []
         for t in range(s0, min(s1, s0 + bs - 1) + 1):
             lst = per[t % bs]

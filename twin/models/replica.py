@@ -18,7 +18,18 @@ from twin.engine_profiles.step import StepTimeModel
 from twin.models.engine import Engine, Step
 from twin.models.recorder import Recorder
 from twin.models.request import EngineRequest, Status
-from twin.models.waits import first_of
+
+_INF = float("inf")
+
+
+def move_wait(process: simpy.Process, old: simpy.Event, new: simpy.Event) -> None:
+    """Make ``process``, suspended on ``old``, resume on ``new`` instead (``old`` may still fire: as a no-op).
+    What ``Process.interrupt`` does to detach a process from its target, in SimPy 4.1 (pyproject pins
+    simpy below 4.2; tests/test_engine_replica_wait.py checks it)."""
+    resume = process._resume
+    old.callbacks.remove(resume)  # type: ignore[union-attr]
+    new.callbacks.append(resume)  # type: ignore[union-attr]
+    process._target = new
 
 
 class Replica:
@@ -37,6 +48,7 @@ class Replica:
         self.env = env
         self.scope = scope
         self.engine = engine
+        engine.step_kv_usage = recorder.record_iterations  # (only the iteration log reads it)
         self.step_model = step_model
         self.overhead_s = float(getattr(step_model, "overhead_s", 0.0))
         self.rec = recorder
@@ -50,11 +62,14 @@ class Replica:
         self.decode_speedup = None  # callable(batch) -> speed-up of decode-only steps (speculative decoding)
         self.healthy = True  # what a health check sees
         self.down = False  # crashed (its process is gone until restart)
-        self._wake: simpy.Event = env.event()
-        self._busy = False
+        self._wake: simpy.Event = env.event()  # what the process waits on when idle
+        self._idle = False  # waiting on ``_wake``
+        self._run_wait: simpy.Event | None = None  # what a decode run waits on (see _wait_run)
+        self._run_end_t = _INF  # the time that timeout is due
+        self._cut = False  # the waiting run was cut (its wait moved to ``_wake``)
         self._pending_aborts: list[tuple[EngineRequest, str]] = []
         self._step_index = 0
-        self._lv_last: list[float | None] = [None, None, None]  # running, waiting, kv_usage as last recorded
+        self._lv_last: list[int | float | None] = [None, None, None]  # running, waiting, kv_usage as last recorded
         self.events = 0  # engine events (a step or a decode run), for benchmarks
         self.process: simpy.Process | None = None
 
@@ -84,8 +99,21 @@ class Replica:
         self._poke()
 
     def _poke(self) -> None:
-        if not self._wake.triggered:
-            self._wake.succeed()
+        """Wake the process: when idle, or to cut the decode run it waits on. The run's wait is moved from its
+        timeout to a fresh ``_wake`` (see ``_decode_run``); while a single step or the step in flight of a cut
+        run is waited on, nothing is to be done (the next scheduling sees the change)."""
+        if self._idle:
+            if not self._wake.triggered:
+                self._wake.succeed()
+        elif self._run_wait is not None:
+            if self._run_end_t == self.env.now:
+                return  # the run's end is due at this instant, queued before a wake would be: no cut, as before
+            timeout = self._run_wait
+            self._run_wait = None
+            self._cut = True
+            self._wake = wake = self.env.event()
+            move_wait(self.process, timeout, wake)
+            wake.succeed()
 
     # ---- faults ---------------------------------------------------------------------------------
     def crash(self, reason: str = "crashed") -> list[EngineRequest]:
@@ -97,6 +125,9 @@ class Replica:
         if self.process is not None and self.process.is_alive:
             self.process.interrupt(reason)
         self.process = None
+        self._run_wait = None
+        self._run_end_t = _INF
+        self._idle = self._cut = False
         now = self.env.now
         eng = self.engine
         dropped = [*eng.running, *eng.waiting.items()]
@@ -111,6 +142,7 @@ class Replica:
     def restart(self, engine: Engine) -> None:
         """Back after recovery and warm-up, with a cold KV cache."""
         self.engine = engine
+        engine.step_kv_usage = self.rec.record_iterations
         self.down = False
         self.healthy = True
         self._wake = self.env.event()
@@ -126,17 +158,22 @@ class Replica:
 
     def _loop(self):
         env, eng = self.env, self.engine
+        waiting = eng.waiting
         while True:
-            self._apply_aborts()
-            if not eng.has_work:
+            if self._pending_aborts:
+                self._apply_aborts()
+            if not eng.running and not waiting._n:  # (not eng.has_work)
                 self._wake = env.event()
+                self._idle = True
                 yield self._wake
+                self._idle = False
                 continue
             step = eng.schedule(env.now)
             if step is None:
                 raise RuntimeError(f"{self.scope}: work is queued but nothing can be scheduled "
                                    f"(KV pool too small for the head request?)")
-            self._note_schedule(step)
+            if step.admitted or step.preempted:
+                self._note_schedule(step)
             self.events += 1
             if step.uniform_decode and self.max_run > 1:
                 k = eng.max_decode_run(step, self.max_run)
@@ -150,8 +187,8 @@ class Replica:
     def _one_step(self, step: Step):
         t0 = self.env.now
         d = self.step_model.step_time_s(step.shape) * self.speed_factor
-        if self.decode_speedup is not None and step.shape.prefill_requests == 0:
-            d /= self.decode_speedup(step.shape.decode_requests)
+        if self.decode_speedup is not None and step.p_req == 0:
+            d /= self.decode_speedup(step.d_req)
         yield self.env.timeout(d)
         self._log_iteration(step, t0, d)
         finished = self.engine.complete(step, self.env.now)
@@ -160,28 +197,21 @@ class Replica:
     def _decode_run(self, step: Step, k: int):
         env = self.env
         t0 = env.now
-        sh = step.shape
+        d_req, d_ctx = step.d_req, step.d_ctx
         model = self.step_model
         if self.speed_factor == 1.0 and self.decode_speedup is None and hasattr(model, "decode_run_list"):
-            durs = model.decode_run_list(sh.decode_requests, sh.decode_context_tokens, k)  # same floats as a list
+            durs = model.decode_run_list(d_req, d_ctx, k)  # same floats as a list
         else:
-            arr = model.decode_run_s(sh.decode_requests, sh.decode_context_tokens, k) * self.speed_factor
+            arr = model.decode_run_s(d_req, d_ctx, k) * self.speed_factor
             if self.decode_speedup is not None:
-                arr = arr / self.decode_speedup(sh.decode_requests)
+                arr = arr / self.decode_speedup(d_req)
             durs = arr.tolist()
         # Step ends t0 + (d0 + ... + di): runs are short (a few steps), where numpy's per-call overhead costs
-        # more than the loop; accumulate adds left to right as np.cumsum does, so the floats are the same.
-        ends = [t0 + s for s in accumulate(durs)]
-        end = ends[-1]
-        self._wake = env.event()
-        # ``timeout | wake`` without a Condition (one per run): resumes at the same place in the event order
-        yield first_of(env, env.timeout(end - t0), self._wake)
-        m = k
-        if env.now < end:  # cut by an arrival or abort: finish the step in flight
-            j = bisect_right(ends, env.now)
-            m = min(j + 1, k)
-            if ends[m - 1] > env.now:
-                yield env.timeout(ends[m - 1] - env.now)
+        # more than the loop; accumulate adds left to right as np.cumsum does, so the floats are the same
+        # (``map`` with the bound add: the loop in C; the clock may start as int 0, and int + float converts the int
+        # first, so float(t0) gives the same sums).
+        ends = list(map(float(t0).__add__, accumulate(durs)))
+        m = yield from self._wait_run(ends)
         ends_l = ends[:m] if m < k else ends
         if self.rec.record_iterations:
             starts = [t0, *ends_l[:-1]]
@@ -191,6 +221,41 @@ class Replica:
             self._step_index += m
         finished = self.engine.complete_decode_run(step, m, ends_l)
         self._note_complete(step, finished)
+
+    def _wait_run(self, ends: list[float]):
+        """Wait for a decode run whose steps end at ``ends``: until its last step ends or, when an arrival or
+        abort cuts it (``_poke``), until the step in flight ends. Returns the steps done.
+
+        ``timeout | wake`` with no event per run besides the timeout: ``_poke`` moves the wait from the timeout
+        to a fresh wake event, unless the timeout is due at that very instant (it is queued before the wake
+        would be: the run ends whole, as it did). These waits used to go through one more event (``first_of``'s,
+        scheduled when the first of the two was processed), so where other events are queued for the same
+        instant the process lets them go first (the hop below): the same place in the event order as before,
+        ties and same-instant cascades included (tests/test_engine_replica_wait.py runs the former code side by
+        side)."""
+        env = self.env
+        k = len(ends)
+        end = ends[-1]
+        t0 = env.now
+        timeout = env.timeout(end - t0)
+        self._run_wait = timeout
+        self._run_end_t = t0 + (end - t0)  # (the time the timeout is scheduled at)
+        yield timeout
+        self._run_wait = None
+        self._run_end_t = _INF
+        q = env._queue
+        if q and q[0][0] <= env.now:
+            yield env.timeout(0)  # (the hop)
+        if not self._cut:
+            return k
+        self._cut = False  # finish the step in flight
+        now = env.now
+        if now >= end:
+            return k
+        m = min(bisect_right(ends, now) + 1, k)
+        if ends[m - 1] > now:
+            yield env.timeout(ends[m - 1] - now)
+        return m
 
     # ---- bookkeeping ---------------------------------------------------------------------------
     def _apply_aborts(self) -> None:
@@ -217,25 +282,27 @@ class Replica:
     def _note_complete(self, step: Step, finished: list[EngineRequest]) -> None:
         now = self.env.now
         rec = self.rec
-        for r in step.first_tokens:  # (Engine.complete lists them: no pass over every scheduled request)
-            rec.event(now, self._k_first, self.scope, r.request_id)
-        for r in finished:
-            rec.event(now, self._k_finished, self.scope, r.request_id, float(r.num_output), r.finished_reason)
-            if self.on_finished is not None:
-                self.on_finished(r)
+        if step.first_tokens:  # (Engine.complete lists them: no pass over every scheduled request)
+            for r in step.first_tokens:
+                rec.event(now, self._k_first, self.scope, r.request_id)
+        if finished:
+            for r in finished:
+                rec.event(now, self._k_finished, self.scope, r.request_id, float(r.num_output), r.finished_reason)
+                if self.on_finished is not None:
+                    self.on_finished(r)
         self._levels()
 
     def _levels(self) -> None:
         """Record the three gauges. A value equal to the one last recorded is a no-op in the recorder, so
         it is skipped here without the recorder's lookup (this runs once per engine event)."""
         eng, last = self.engine, self._lv_last
-        running, waiting, kv = float(len(eng.running)), float(len(eng.waiting)), eng.kv.usage()
-        if running != last[0]:
+        running, waiting, kv = len(eng.running), eng.waiting._n, eng.kv.usage()
+        if running != last[0]:  # (counts compared as ints, recorded as floats)
             last[0] = running
-            self.rec.level(self.env.now, self.scope, "running", running)
+            self.rec.level(self.env.now, self.scope, "running", float(running))
         if waiting != last[1]:
             last[1] = waiting
-            self.rec.level(self.env.now, self.scope, "waiting", waiting)
+            self.rec.level(self.env.now, self.scope, "waiting", float(waiting))
         if kv != last[2]:
             last[2] = kv
             self.rec.level(self.env.now, self.scope, "kv_usage", kv)
