@@ -119,13 +119,20 @@ class BlockPool(TailQueue, LazyIndex, PoolChecks):
         max_blocks = (seq.num_tokens - 1) // self.block_size
         if max_blocks <= 0:
             return []
+        lazy, pend = self.lazy, self.pend
+        cached = self.cached
         hashes = seq._hashes
+        if not cached and not hashes:
+            # Nothing in the pool is hashed yet, so the walk can only hit through the first block's key
+            # (a lazily registered or pending entry it would materialise first); without one the first
+            # lookup misses and the walk ends there. Exact, and no hash is computed for a sure miss.
+            key = seq.key_runs(0, 1)[0][0]
+            if key is None or (key not in lazy and key not in pend):
+                return []
         if not hashes:
             seq._head(max_blocks)  # the memoised chain of the leading pieces, if any
             if not hashes:
                 seq._extend_from(1)
-        lazy, pend = self.lazy, self.pend
-        cached = self.cached
         hits: list[int] = []
         for key, i0, i1 in (seq.key_runs(0, max_blocks) if lazy or pend else ((None, 0, max_blocks),)):
             if key is not None:
