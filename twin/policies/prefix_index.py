@@ -8,9 +8,9 @@ out or they age past a TTL.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
-from itertools import filterfalse, repeat, takewhile
+from itertools import filterfalse, takewhile
 
 
 class ApproxPrefixIndex:
@@ -46,11 +46,10 @@ class ApproxPrefixIndex:
         # the blocks new to this LRU, found in C before the loop below adds them (most of a turn's prompt
         # is already there: its session's history and system prompt)
         new = list(filterfalse(lru.__contains__, block_hashes))
-        # "for h in reversed(block_hashes): lru[h] = now_s; lru.move_to_end(h)" in two passes in C: set every
-        # time (new blocks join at the end), then move each to the end in the same order, which leaves the
-        # same order (a block's place is where its last move put it)
-        lru.update(zip(reversed(block_hashes), repeat(now_s)))
-        deque(map(lru.move_to_end, reversed(block_hashes)), maxlen=0)
+        move = lru.move_to_end
+        for h in reversed(block_hashes):
+            lru[h] = now_s
+            move(h)
         if new:
             self._hold(new, replica_id)
         if len(lru) > self.capacity_blocks:
@@ -109,15 +108,15 @@ class ApproxPrefixIndex:
     def _hold(self, hashes: list[int], replica_id: str) -> None:
         """``replica_id``'s LRU has just taken in ``hashes`` (none of them there before; repeats possible)."""
         holders = self._holders
-        for h in filter(holders.__contains__, hashes):  # blocks some other replica holds too
-            v = holders[h]
-            if type(v) is str:
+        for h in hashes:
+            v = holders.get(h)
+            if v is None:
+                holders[h] = replica_id
+            elif type(v) is str:
                 if v != replica_id:
                     holders[h] = {v, replica_id}
             else:
                 v.add(replica_id)
-        # the rest (most: a session's new turn) are held by no one else yet; added in C
-        holders.update(zip(filterfalse(holders.__contains__, hashes), repeat(replica_id)))
 
     def _unhold(self, block_hash: int, replica_id: str) -> None:
         """``block_hash`` has just left ``replica_id``'s LRU."""
