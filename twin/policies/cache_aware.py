@@ -11,7 +11,7 @@ its cache will be empty.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from pydantic import Field
@@ -191,7 +191,6 @@ class LlmDScorerRouter(_PrefixIndexRouter):
             return ids[t.idle_best]
         index = self.index
         match = index.matcher(hashes, now_s)
-        lrus = index._lru  # ApproxPrefixIndex.holds inlined: the loops below may visit many candidates
         if t.order is not None:
             # kept terms: the session's replica first, else the first candidate of highest bound
             first = session_position(self._session_at, request, t.pos)  # type: ignore[arg-type]
@@ -217,6 +216,7 @@ class LlmDScorerRouter(_PrefixIndexRouter):
         # equal to it with a larger replica_id. One k for all (from the highest queue + kv) is picked by a
         # float estimate; the test is the exact expression, and a candidate that fails it or holds block
         # k in its index goes to the exact loop below.
+        lrus = index._lru  # ApproxPrefixIndex.holds inlined: this pass visits every candidate
         if pw and t.size > _ONE_PASS_MIN:
             k = min(max(math.ceil((best_total - (t.max_bound - pw)) / pw * n_blocks) - 1, 0), n_blocks - 1)
             at_k = pw * (k / n_blocks)
@@ -228,8 +228,8 @@ class LlmDScorerRouter(_PrefixIndexRouter):
             live = [i for i in range(n) if bounds[i] >= best_total and i != first]
         return self._exact(live, t, hashes, match, best_total, best_id)
 
-    def _exact(self, live: list[int], t: ScorerTerms, hashes: Sequence[int], match, best_total: float,
-               best_id: str) -> str:
+    def _exact(self, live: list[int], t: ScorerTerms, hashes: Sequence[int], match: Callable[[str], int],
+               best_total: float, best_id: str) -> str:
         """The best of ``best_id`` (totalling ``best_total``) and the candidates at positions ``live``, each
         matched only if one lookup does not rule it out."""
         pw = self.params.prefix_weight
