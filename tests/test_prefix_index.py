@@ -1,7 +1,8 @@
 """The router's approximate prefix index answers exactly as the plain per-replica LRU it stands for.
 
 These tests drive ``ApproxPrefixIndex`` and a plain reference LRU with the same random records, matches,
-expiries and forgets and compare every answer, size and LRU order.
+expiries and forgets and compare every answer, size and LRU order, and after every step the index's
+block -> holders map against a scan of the reference LRUs for every block seen so far.
 """
 
 from __future__ import annotations
@@ -69,9 +70,11 @@ def drive(ops, *, capacity: int, ttl: float | None, hashes) -> ApproxPrefixIndex
     fast = ApproxPrefixIndex(capacity_blocks=capacity, ttl_s=ttl)
     ref = ReferenceIndex(capacity_blocks=capacity, ttl_s=ttl)
     now = 0.0
+    seen: set[int] = set()
     for kind, rid, tokens, dt in ops:
         now += dt
         bh = hashes(tokens)
+        seen.update(bh)
         if kind == "record":
             fast.record(rid, bh, now)
             ref.record(rid, bh, now)
@@ -83,6 +86,12 @@ def drive(ops, *, capacity: int, ttl: float | None, hashes) -> ApproxPrefixIndex
         for r in REPLICAS:
             assert fast.size(r) == len(ref.lru.get(r, ()))
             assert list(fast._lru.get(r, {}).items()) == list(ref.lru.get(r, {}).items())  # same LRU order
+        for h in seen:  # the holders of each block are the replicas whose LRU holds it, by brute force
+            held_by = sorted(r for r in REPLICAS if h in ref.lru.get(r, {}))
+            assert sorted(fast.holders(h)) == held_by
+            assert len(fast.holders(h)) == len(held_by)  # no replica twice
+            assert all(fast.holds(r, h) == (r in held_by) for r in REPLICAS)
+        assert set(fast._holders) <= seen and all(fast.holders(h) for h in fast._holders)  # nothing stale kept
     return fast
 
 
@@ -105,3 +114,19 @@ def test_holds_is_false_only_for_blocks_not_held() -> None:
     idx.record("r1", b, 0.0)
     assert idx.match_many(("r0", "r1", "r2"), chained([1, 2, 3, 7]), 1.0) == [3, 2, 0]
     assert idx.holds("r0", a[3]) and not idx.holds("r1", a[3]) and not idx.holds("r2", a[0])
+
+
+def test_holders_follow_records_evictions_expiries_and_forgets() -> None:
+    idx = ApproxPrefixIndex(capacity_blocks=3, ttl_s=10.0)
+    a, b = chained([1, 2, 3]), chained([1, 2, 9])
+    idx.record("r0", a, 0.0)
+    idx.record("r1", b, 5.0)
+    assert [sorted(idx.holders(h)) for h in a] == [["r0", "r1"], ["r0", "r1"], ["r0"]]
+    assert list(idx.holders(b[2])) == ["r1"] and list(idx.holders(12345)) == []
+    idx.record("r0", chained([7]), 6.0)  # capacity 3: r0's leaf a[2] (its least recently used) goes
+    assert list(idx.holders(a[2])) == []
+    assert idx.match_blocks("r0", a, 12.0) == 0  # past the TTL: r0's a[0], a[1] expire; r1's stay
+    assert [sorted(idx.holders(h)) for h in a[:2]] == [["r1"], ["r1"]]
+    idx.forget("r1")
+    assert [list(idx.holders(h)) for h in (*a, *b)] == [[]] * 6
+    assert list(idx.holders(chained([7])[0])) == ["r0"]

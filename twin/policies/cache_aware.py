@@ -11,7 +11,7 @@ its cache will be empty.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 from pydantic import Field
@@ -20,7 +20,7 @@ from twin.policies.prefix_index import ApproxPrefixIndex
 from twin.policies.eligibility import candidate_replicas
 from twin.policies.routing import NO_ELIGIBLE_REPLICA, ROUTERS, BaseRouter, RouterParams
 from twin.policies.scorer_terms import (
-    _HEALTHY, _OUTSTANDING, _REPLICA_ID, LISTS_MAX, ListedTerms, ScorerTerms, live_by_bound, session_position,
+    _HEALTHY, _OUTSTANDING, _REPLICA_ID, LISTS_MAX, ListedTerms, ScorerTerms, kept_live, session_position,
 )
 from twin.policies.types import ReplicaSnapshot, RequestFacts, RoutingDecision
 
@@ -191,16 +191,24 @@ class LlmDScorerRouter(_PrefixIndexRouter):
             return ids[t.idle_best]
         index = self.index
         match = index.matcher(hashes, now_s)
-        # The first exact total: the session's replica, else the first candidate of highest bound (the one
-        # a descending sort would put first).
-        if t.order is None:
-            first = self._session_seed(request, ids)
-            if first < 0:
-                first = max(range(n), key=bounds.__getitem__)
-        else:
+        if t.order is not None:
+            # kept terms: the session's replica first, else the first candidate of highest bound
             first = session_position(self._session_at, request, t.pos)  # type: ignore[arg-type]
             if first < 0:
                 first = t.order[0]
+            m_first = match(ids[first])
+            if pw and t.size > _ONE_PASS_MIN:
+                live, best_total, best_id = kept_live(t, index, hashes, match, first=first, m_first=m_first, pw=pw)
+            else:
+                best_id = ids[first]
+                best_total = pw * (m_first / n_blocks) + queue[first] + kv[first]
+                live = [i for i in t.order if bounds[i] >= best_total and i != first]
+            return self._exact(live, t, hashes, match, best_total, best_id)
+        # The first exact total: the session's replica, else the first candidate of highest bound (the one
+        # a descending sort would put first).
+        first = self._session_seed(request, ids)
+        if first < 0:
+            first = max(range(n), key=bounds.__getitem__)
         best_id = ids[first]
         best_total = pw * (match(best_id) / n_blocks) + queue[first] + kv[first]
         # Candidates that may still win, in one pass. With the match stopped before block k a candidate
@@ -213,15 +221,21 @@ class LlmDScorerRouter(_PrefixIndexRouter):
             k = min(max(math.ceil((best_total - (t.max_bound - pw)) / pw * n_blocks) - 1, 0), n_blocks - 1)
             at_k = pw * (k / n_blocks)
             h = hashes[k]
-            if t.order is None:
-                live = [i for i in range(n) if bounds[i] >= best_total and i != first
-                        and ((s := at_k + queue[i] + kv[i]) > best_total or (s == best_total and ids[i] < best_id)
-                             or h in lrus.get(ids[i], ()))]
-            else:  # the same list from kept terms: holders of block k in C, the rest by descending bound
-                live = live_by_bound(t, lrus, first=first, best_total=best_total, best_id=best_id, at_k=at_k,
-                                     pw=pw, block=h)
+            live = [i for i in range(n) if bounds[i] >= best_total and i != first
+                    and ((s := at_k + queue[i] + kv[i]) > best_total or (s == best_total and ids[i] < best_id)
+                         or h in lrus.get(ids[i], ()))]
         else:
             live = [i for i in range(n) if bounds[i] >= best_total and i != first]
+        return self._exact(live, t, hashes, match, best_total, best_id)
+
+    def _exact(self, live: list[int], t: ScorerTerms, hashes: Sequence[int], match: Callable[[str], int],
+               best_total: float, best_id: str) -> str:
+        """The best of ``best_id`` (totalling ``best_total``) and the candidates at positions ``live``, each
+        matched only if one lookup does not rule it out."""
+        pw = self.params.prefix_weight
+        n_blocks = len(hashes)
+        ids, queue, kv, bounds = t.ids, t.queue, t.kv, t.bounds
+        lrus = self.index._lru  # ApproxPrefixIndex.holds inlined
         # descending bound; equal bounds keep the candidates' replica_id order (a reverse sort is stable)
         for i in sorted(live, key=bounds.__getitem__, reverse=True):
             if bounds[i] < best_total:
@@ -235,6 +249,12 @@ class LlmDScorerRouter(_PrefixIndexRouter):
                 k = min(max(math.ceil((best_total - a - b) / pw * n_blocks) - 1, 0), n_blocks - 1)
                 s = pw * (k / n_blocks) + a + b
                 if s < best_total or (s == best_total and rid > best_id):
+                    # and one block further while that still loses: a candidate whose terms tie with the
+                    # best's needs a longer match than the best's, not an equal one (the estimate gives k
+                    # one short of it), so it is ruled out without a match
+                    while k + 1 < n_blocks and ((s := pw * ((k + 1) / n_blocks) + a + b) < best_total
+                                                or (s == best_total and rid > best_id)):
+                        k += 1
                     lru = lrus.get(rid)
                     if lru is None or hashes[k] not in lru:
                         continue

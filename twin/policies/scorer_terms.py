@@ -6,8 +6,9 @@ the bounds (the total at a full match) depend on the request only through its cl
 long-context need, and where its length falls among the listed ``max_model_len``s). A host that hands over
 a :class:`~twin.policies.types.CandidateList` promises, by its ``epoch``, that those fields did not change,
 so the router derives them once per list and class (``ListedTerms``), drops a replica from them when the
-list loses it (``CandidateList.removed``), and per decision finds the candidates that can still win with
-one pass in C and a short walk (``live_by_bound``) instead of several Python passes over all of them.
+list loses it (``CandidateList.removed``), and per decision finds the candidates that can still win from
+the prefix index's holders of one block and a short walk over runs of equal terms (``kept_live``), not
+from a pass over all of them.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Sequence
-from itertools import compress, repeat
-from operator import attrgetter, contains
+from collections.abc import Callable, Sequence
+from itertools import compress, groupby
+from operator import attrgetter
 
+from twin.policies.prefix_index import ApproxPrefixIndex
 from twin.policies.types import ReplicaSnapshot, RequestFacts
 
 _NUM_WAITING = attrgetter("num_waiting")
@@ -39,8 +41,8 @@ class ScorerTerms:
     replica_id's position, and the positions in descending bound order (equal bounds in replica_id order,
     as a stable reverse sort leaves them)."""
 
-    __slots__ = ("ids", "queue", "kv", "bounds", "max_bound", "idle_best", "pos", "order", "margin", "size", "waiting",
-                 "waiting_count", "q_lo", "q_hi")
+    __slots__ = ("ids", "queue", "kv", "bounds", "max_bound", "idle_best", "pos", "order", "runs", "run_of", "margin",
+                 "size", "waiting", "waiting_count", "q_lo", "q_hi")
 
     def __init__(self, pw: float, qw: float, kw: float, candidates: Sequence[ReplicaSnapshot], *,
                  listed: bool) -> None:
@@ -58,8 +60,10 @@ class ScorerTerms:
         self.idle_best: int | None = None  # the winner of a prompt with no full block, once computed
         self.pos: dict[str, int] | None = None
         self.order: list[int] | None = None
+        self.runs: list[list[int]] | None = None  # see runs()
+        self.run_of: list[list[int]] = []  # position -> its run (once runs() has run)
         # Every term and partial sum lies in [0, pw + qw + kw], so each float addition errs by at most
-        # 2**-53 of that; a few of them stay far below this margin (see live_by_bound).
+        # 2**-53 of that; a few of them stay far below this margin (see kept_live).
         self.margin = 1e-9 * (pw + qw + kw + 1.0)
         self.size = len(candidates)  # candidates still listed (drop leaves a removed one's slot, ruled out)
         if listed:
@@ -80,6 +84,8 @@ class ScorerTerms:
             return False
         self.size -= 1
         self.order.remove(i)  # type: ignore[union-attr]
+        if self.runs is not None:
+            self.run_of[i].remove(i)  # its run may be left empty: runs() users skip those
         was = self.bounds[i]
         # below every bound and total, so no filter keeps it and no comparison picks it
         self.bounds[i] = self.queue[i] = self.kv[i] = -math.inf
@@ -132,30 +138,104 @@ def session_position(session_at: dict[str, str], request: RequestFacts, pos: dic
     return -1 if rid is None else pos.get(rid, -1)
 
 
-def live_by_bound(t: ScorerTerms, lrus: dict, *, first: int, best_total: float, best_id: str, at_k: float,
-                  pw: float, block: int) -> list[int]:
-    """The positions ``LlmDScorerRouter._best``'s one-pass filter keeps, in ascending order, without
-    testing every candidate in Python: ``bounds[i] >= best_total``, ``i != first``, and either
-    ``t = at_k + queue[i] + kv[i]`` beats the best (or ties it with a smaller replica_id) or the
-    candidate's index holds ``block``.
+# A prompt block held by more replicas than this makes the scorer look for a better first total before
+# filtering (``kept_live``): its holders would all pass the filter. Only the amount of work depends on it.
+FEW_HOLDERS = 8
 
-    The holders of ``block`` are found in one pass in C. The ``t`` test is made in descending bound
-    order and stops where no later candidate can pass it: ``t`` and the bound are the same two additions
-    from ``at_k <= pw``, so in exact arithmetic ``t == bound - (pw - at_k)``, and in floats the few
-    roundings (each at most 2**-53 of ``pw + qw + kw``) stay below ``t.margin``; once
-    ``bound - (pw - at_k)`` is below ``best_total - margin`` this candidate's ``t`` is below the best,
-    and so is every later one's (a smaller bound). ``at_k`` is picked so that this happens at once for
-    most requests.
+
+def runs(t: ScorerTerms) -> list[list[int]]:
+    """``t.order`` cut into runs of candidates with equal queue and kv terms (in replica_id order inside a
+    run), which total the same at every match length: idle replicas form one long run. A drop takes its
+    candidate out of its run, which may leave it empty."""
+    if t.runs is None:
+        pair = list(zip(t.queue, t.kv))
+        t.runs = [list(g) for _, g in groupby(t.order, key=pair.__getitem__)]  # type: ignore[arg-type]
+        run_of: list = [None] * len(t.ids)
+        for run in t.runs:
+            for i in run:
+                run_of[i] = run
+        t.run_of = run_of
+    return t.runs
+
+
+def kept_live(t: ScorerTerms, index: ApproxPrefixIndex, hashes: Sequence[int], match: Callable[[str], int], *,
+              first: int, m_first: int, pw: float) -> tuple[list[int], float, str]:
+    """``LlmDScorerRouter._pick``'s filter on kept terms: the positions that may still beat the best total
+    found so far (ascending), with that best total and replica_id. Its cost depends on how many replicas
+    hold the blocks it asks about and how many candidates tie near the best, not on how many are listed.
+
+    With the match stopped before block k a candidate totals at most ``t(k) = at_k + queue + kv`` (``at_k =
+    pw * (k / n)``); so it may win only if ``t(k)`` beats the best (is larger, or equal with a smaller
+    replica_id) or its index holds block k. Any k gives an exact filter; k only moves work between the two
+    tests. The holders of block k come from the index's block -> holders map (no lookup per candidate).
+    The ``t(k)`` test runs over ``runs(t)`` in descending bound order, one test per run, and stops where
+    no later run can pass it: ``t`` and the bound are the same two additions from ``at_k <= pw``, so in
+    exact arithmetic ``t == bound - (pw - at_k)``, and in floats the few roundings (each at most 2**-53 of
+    ``pw + qw + kw``) stay below ``t.margin``.
+
+    k is first the largest count at which even the highest bound's ``t(k)`` may lose to the best (the
+    float estimate only picks it). If many replicas hold that block (the tenant's system prompt, say),
+    they would all pass, so the best total is raised first: the first candidate in bound order that holds
+    it is matched exactly (a second seed, like the session's replica). If the block is still widely held,
+    k becomes the best's own match length (the first block the best lacks, which few hold): then ``t(k)``
+    passes only for runs whose queue and kv terms are at least the best's, which lie before the best in
+    bound order, and for the best's own run only below its replica_id.
     """
-    ids, queue, kv, bounds = t.ids, t.queue, t.kv, t.bounds
-    held = compress(range(len(ids)), map(contains, map(lrus.get, ids, repeat(())), repeat(block)))
-    live = {i for i in held if bounds[i] >= best_total and i != first}
+    ids, queue, kv, bounds, n = t.ids, t.queue, t.kv, t.bounds, len(hashes)
+    best_id, m_best = ids[first], m_first
+    best_total = pw * (m_first / n) + queue[first] + kv[first]
+    second = -1
+    k = min(max(math.ceil((best_total - (t.max_bound - pw)) / pw * n) - 1, 0), n - 1)
+    held = index.holders(hashes[k])
+    k1, lacking = k, 0  # every candidate but ``first`` in t.order[:lacking] lacks block k1
+    if len(held) > FEW_HOLDERS:
+        # the first candidate in bound order, other than ``first``, whose index holds block k (in C)
+        order = t.order
+        lacking = len(order)  # type: ignore[arg-type]
+        for r in compress(range(lacking), map(held.__contains__, map(ids.__getitem__, order))):  # type: ignore[arg-type]
+            j = order[r]  # type: ignore[index]
+            if j != first:
+                lacking = r
+                if bounds[j] >= best_total:
+                    second = j
+                break
+        if second >= 0:
+            m = match(ids[second])
+            total = pw * (m / n) + queue[second] + kv[second]
+            if total > best_total or (total == best_total and ids[second] < best_id):
+                best_total, best_id, m_best = total, ids[second], m
+            k = min(max(math.ceil((best_total - (t.max_bound - pw)) / pw * n) - 1, 0), n - 1)
+            held = index.holders(hashes[k])
+        if len(held) > FEW_HOLDERS:
+            k_own = min(m_best, n - 1)
+            held_own = index.holders(hashes[k_own])
+            if len(held_own) < len(held):
+                k, held = k_own, held_own
+    pos = t.pos
+    live = {i for i in map(pos.get, held) if i is not None and bounds[i] >= best_total}  # type: ignore[union-attr]
+    at_k, at_k1 = pw * (k / n), pw * (k1 / n)
     drop, floor = pw - at_k, best_total - t.margin
-    for i in t.order:  # type: ignore[union-attr]
+    walked = 0
+    for run in runs(t):
+        if not run:
+            continue
+        i = run[0]
         b = bounds[i]
         if b - drop < floor:
             break
-        if b >= best_total and i != first and ((s := at_k + queue[i] + kv[i]) > best_total
-                                               or (s == best_total and ids[i] < best_id)):
-            live.add(i)
-    return sorted(live)
+        walked += len(run)
+        if b < best_total:
+            continue
+        # a run whose members all lack block k1 totals at most t(k1) (idle replicas that never served
+        # the tenant lie here, above the second seed in bound order)
+        s = (at_k1 if walked <= lacking else at_k) + queue[i] + kv[i]
+        if s > best_total:
+            live.update(run)
+        elif s == best_total:
+            for j in run:  # replica_id order: the ones below best_id tie and win
+                if ids[j] >= best_id:
+                    break
+                live.add(j)
+    live.discard(first)
+    live.discard(second)
+    return sorted(live), best_total, best_id

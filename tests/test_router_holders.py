@@ -1,0 +1,83 @@
+"""The llm-d scorer's kept-list filter (``scorer_terms.kept_live``) decides as the full scan.
+
+``kept_live`` finds the candidates that may still win from the prefix index's holders of one block, a
+second seed (the first candidate in bound order holding a widely held block) and a walk over runs of equal
+queue and kv terms. Its shortcuts pay in a fleet-like shape that the general epoch test reaches only now and
+then: many replicas, most of them tied (idle: shortest queue, empty KV), long shared system prompts held by
+many replicas, sessions whose history sits on one or a few. This test drives that shape, with the threshold of
+"widely held" (``FEW_HOLDERS``) drawn too so that every branch runs, and requires the decision of a router
+given ``CandidateList``s to equal the full scan's (every candidate scored) each time.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from twin.policies import ReplicaSnapshot, RequestFacts, build_router
+from twin.policies import scorer_terms
+from twin.policies.prng import SplitMix64
+from twin.policies.types import CandidateList
+
+from prefixkit import chained
+
+
+def snapshot(i: int, rng: SplitMix64, now: float) -> ReplicaSnapshot:
+    idle = rng.random() < 0.6
+    return ReplicaSnapshot(replica_id=f"r{i:02d}", region=("us", "us", "eu")[i % 3], model="m", pool="default",
+                           healthy=True, num_running=0 if idle else 1,
+                           num_waiting=0 if idle else (0, 1, 2, 5)[rng.randrange(4)],
+                           kv_usage=0.0 if idle else (0.0, 0.25, 0.5, 0.75)[rng.randrange(4)],
+                           outstanding_tokens=0, max_model_len=8192, scraped_at_s=now)
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 2**32), size=st.integers(9, 60), few=st.sampled_from([0, 1, 3, 8]),
+       weights=st.sampled_from([(3.0, 2.0, 2.0), (1.0, 2.0, 2.0), (3.0, 1.0, 0.0), (0.5, 1.0, 1.0)]),
+       capacity=st.sampled_from([12, 1000]), ttl=st.sampled_from([None, 1.0]))
+def test_the_kept_filter_decides_as_the_full_scan(seed: int, size: int, few: int, weights: tuple[float, float, float],
+                                                  capacity: int, ttl: float | None) -> None:
+    pw, qw, kw = weights
+    scorer = {"kind": "llm_d_scorer", "prefix_weight": pw, "queue_weight": qw, "kv_usage_weight": kw,
+              "index_capacity_blocks": capacity, "index_ttl_s": ttl}
+    listed, full = build_router(scorer, seed=1), build_router(scorer, seed=1)
+    listed.omit_scores()
+    rng = SplitMix64(seed)
+    systems = [[rng.randrange(10**6) for _ in range(4 + rng.randrange(9))] for _ in range(3)]
+    sessions: list[list[int]] = []
+    epoch, removed = 0, ()
+    fleet: list[ReplicaSnapshot] = []
+    was = scorer_terms.FEW_HOLDERS
+    scorer_terms.FEW_HOLDERS = few
+    try:
+        for n in range(250):
+            now = n * 0.02
+            if n % 40 == 0:  # a scrape: new signals, every replica listed again
+                fleet = [snapshot(i, rng, now) for i in range(size)]
+                epoch, removed = epoch + 1, ()
+            elif rng.random() < 0.1 and len(fleet) - len(removed) > 1:  # one runs out of room: same epoch
+                left = [r for r in fleet if r.replica_id not in removed]
+                removed = (*removed, left[rng.randrange(len(left))].replica_id)
+            if not sessions or rng.random() < 0.35:  # a new session: a system prompt and a first message
+                sessions.append(list(systems[rng.randrange(3)]))
+                s = len(sessions) - 1
+            else:
+                s = rng.randrange(len(sessions))
+            sessions[s].extend(rng.randrange(10**6) for _ in range(1 + rng.randrange(3)))
+            prompt = chained(sessions[s])
+            request = RequestFacts(request_id=f"q{n}", tenant="t", tier="paid", session_id=f"s{s}",
+                                   prompt_tokens=16 * len(prompt) + 5, expected_output_tokens=50, block_hashes=prompt,
+                                   model="m", region=("us", None)[rng.randrange(2)], allowed_regions=None,
+                                   needs_long_context=False)
+            shown = CandidateList(r for r in fleet if r.replica_id not in removed)
+            shown.epoch, shown.removed = epoch, removed
+            a = listed.route(request, shown, now)
+            b = full.route(request, list(shown), now)
+            assert a.replica_id == b.replica_id
+            # now and then the request lands elsewhere (a retry, say), so a session's history sits on
+            # several replicas, each holding a different length of it
+            to = a.replica_id if rng.random() < 0.7 else shown[rng.randrange(len(shown))].replica_id
+            for r in (listed, full):
+                r.on_routed(request, to, now)
+    finally:
+        scorer_terms.FEW_HOLDERS = was
