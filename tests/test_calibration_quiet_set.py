@@ -15,9 +15,10 @@ from twin.engine_profiles import load_profile
 
 QUIET = Path(__file__).resolve().parent / "fixtures" / "calibration" / "cpu-tiny-llama-quiet"
 QUIET2 = QUIET.parent / "cpu-tiny-llama-quiet2"  # the same command, a second quiet session ~3.5 hours later
+WARM = QUIET.parent / "cpu-tiny-llama-warm"  # the same command with the recorder's server warm-up, 4 hours later
 
 
-@pytest.mark.parametrize("root", [QUIET, QUIET2], ids=["quiet", "quiet2"])
+@pytest.mark.parametrize("root", [QUIET, QUIET2, WARM], ids=["quiet", "quiet2", "warm"])
 def test_the_committed_profile_is_the_fit_of_the_committed_sweep(root: Path) -> None:
     runs = sorted(p for p in (root / "calibration").iterdir() if (p / "run.json").exists())
     assert len(runs) == 9
@@ -60,17 +61,18 @@ def test_the_committed_fidelity_table_is_what_fidelity_gives() -> None:
     _check_table(report, committed)
 
 
-@pytest.mark.parametrize(("noise", "name", "passed", "latency_passed"), [
-    (None, "fidelity-held-out.json", 124, 55), (False, "fidelity-held-out-no-noise.json", 94, 38)])
-def test_the_second_quiet_session_tables_are_what_fidelity_gives(noise: bool | None, name: str, passed: int,
-                                                                 latency_passed: int) -> None:
-    """The second quiet set: four repeats recorded back to back after its own sweep (SOURCES.md there); the totals
-    docs/calibration.md quotes, and every item's verdict and twin value."""
+@pytest.mark.parametrize(("root", "noise", "name", "passed", "latency_passed"), [
+    (QUIET2, None, "fidelity-held-out.json", 124, 55), (QUIET2, False, "fidelity-held-out-no-noise.json", 94, 38),
+    (WARM, None, "fidelity-held-out.json", 120, 51)], ids=["quiet2", "quiet2-no-noise", "warm"])
+def test_the_four_repeat_sessions_tables_are_what_fidelity_gives(root: Path, noise: bool | None, name: str,
+                                                                 passed: int, latency_passed: int) -> None:
+    """The second quiet set and the warm-server set: four repeats recorded back to back after their own sweep
+    (SOURCES.md there); the totals docs/calibration.md quotes, and every item's verdict and twin value."""
     runs = sorted(p for rep in ("held-out", "held-out-repeat2", "held-out-repeat3", "held-out-repeat4")
-                  for p in (QUIET2 / rep).iterdir())
+                  for p in (root / rep).iterdir())
     assert len(runs) == 12
-    report = fidelity(runs, profile=str(QUIET2 / "cpu-tiny-llama.yaml"), **({} if noise is None else {"noise": noise}))
-    committed = json.loads((QUIET2 / name).read_text())
+    report = fidelity(runs, profile=str(root / "cpu-tiny-llama.yaml"), **({} if noise is None else {"noise": noise}))
+    committed = json.loads((root / name).read_text())
     assert committed["summary"]["passed"] == passed and committed["summary"]["items"] == 168
     latency = ("ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s", "e2e_p50_s", "e2e_p90_s")
     assert sum(r["items"][k]["pass"] for r in report["runs"] for k in latency) == latency_passed
