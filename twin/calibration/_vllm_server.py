@@ -17,29 +17,9 @@ import urllib.request
 from pathlib import Path
 
 try:  # imported as part of twin (tests)
-    from twin.calibration._vllm_common import (
-        KV_SIZE_RE,
-        OVERRIDE_RE,
-        base_run,
-        delta,
-        engine_cli_args,
-        parse_iterations,
-        parse_prometheus,
-        write_run,
-        _r6,
-    )
+    from twin.calibration import _vllm_common as common
 except ImportError:  # run as a script in the vLLM environment, where twin is not installed: the sibling file
-    from _vllm_common import (
-        KV_SIZE_RE,
-        OVERRIDE_RE,
-        base_run,
-        delta,
-        engine_cli_args,
-        parse_iterations,
-        parse_prometheus,
-        write_run,
-        _r6,
-    )  # type: ignore[no-redef]
+    import _vllm_common as common  # type: ignore[no-redef]
 
 
 def free_port() -> int:
@@ -126,12 +106,12 @@ async def _send_all(base: str, model: str, reqs: list[dict], timeout_s: float) -
                     cached = usage["prompt_tokens_details"].get("cached_tokens")
         results[r["request_id"]] = {
             "request_id": r["request_id"],
-            "arrival_s": _r6(sent - t0),
+            "arrival_s": common._r6(sent - t0),
             "prompt_token_ids": list(r["prompt_token_ids"]),
             "max_tokens": r["max_tokens"],
             "output_tokens": len(times),
-            "token_times_s": [_r6(t) for t in times],
-            "e2e_s": _r6(times[-1]) if times else None,
+            "token_times_s": [common._r6(t) for t in times],
+            "e2e_s": common._r6(times[-1]) if times else None,
             "num_cached_tokens": cached,
         }
 
@@ -175,7 +155,7 @@ def run_server(job: dict) -> None:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     model = "twin-model"
-    args = engine_cli_args(engine) + ["--served-model-name", model, "--enable-prompt-tokens-details"]
+    args = common.engine_cli_args(engine) + ["--served-model-name", model, "--enable-prompt-tokens-details"]
     cmd = [job["launcher"], "serve", job["model_dir"], "--host", "127.0.0.1", "--port", str(port), *args]
     log_path = scratch / "engine.log"
     log = open(log_path, "w")
@@ -196,11 +176,11 @@ def run_server(job: dict) -> None:
             status, text = http_get(base + "/metrics")
             if status != 200:
                 raise RuntimeError("could not scrape /metrics before the warm-up")
-            warmup = warm_up(base, model, engine, parse_prometheus(text)[1], job["timeout_s"])
+            warmup = warm_up(base, model, engine, common.parse_prometheus(text)[1], job["timeout_s"])
         status, text = http_get(base + "/metrics")
         if status != 200:
             raise RuntimeError("could not scrape /metrics before the run")
-        before, cache_info = parse_prometheus(text)
+        before, cache_info = common.parse_prometheus(text)
         log.flush()
         offset = log_path.stat().st_size
         requests, _ = asyncio.run(_send_all(base, model, job["requests"], job["timeout_s"]))
@@ -210,17 +190,17 @@ def run_server(job: dict) -> None:
         status, text = http_get(base + "/metrics")
         if status != 200:
             raise RuntimeError("could not scrape /metrics after the run")
-        after, cache_info_after = parse_prometheus(text)
+        after, cache_info_after = common.parse_prometheus(text)
         cache_info = cache_info_after or cache_info
     finally:
         stop_group(proc)
         log.close()
     full_log = log_path.read_text(errors="replace")
     run_lines = full_log.encode()[offset:].decode(errors="replace").splitlines()
-    iterations = parse_iterations(run_lines)
+    iterations = common.parse_iterations(run_lines)
 
     num_gpu_blocks, source = None, None
-    m = OVERRIDE_RE.search(full_log)
+    m = common.OVERRIDE_RE.search(full_log)
     if m:
         num_gpu_blocks, source = int(m.group(2)), "log: Overriding num_gpu_blocks"
     elif cache_info.get("num_gpu_blocks") not in (None, "", "None"):
@@ -236,11 +216,11 @@ def run_server(job: dict) -> None:
     if block_size is None:
         raise RuntimeError("block_size not found in /metrics cache_config_info")
 
-    run = base_run(job, "server", args)
+    run = common.base_run(job, "server", args)
     workload = dict(job["workload"])
     workload["num_gpu_blocks_source"] = source
     workload["warmup_requests"] = warmup
-    kv = KV_SIZE_RE.search(full_log)
+    kv = common.KV_SIZE_RE.search(full_log)
     if kv:
         # The start-up line "KV cache size: N tokens" counts every block, the null block included.
         logged = int(kv.group(1).replace(",", ""))
@@ -257,8 +237,8 @@ def run_server(job: dict) -> None:
             "enable_chunked_prefill": engine["enable_chunked_prefill"],
             "enable_prefix_caching": cache_info.get("enable_prefix_caching", str(engine["enable_prefix_caching"])) == "True",
             "engine_args": args,
-            "metrics_delta": delta(after, before),
+            "metrics_delta": common.delta(after, before),
             "workload": workload,
         }
     )
-    write_run(Path(job["out_dir"]), run, requests, iterations)
+    common.write_run(Path(job["out_dir"]), run, requests, iterations)

@@ -47,25 +47,9 @@ import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 try:  # imported as part of twin (tests)
-    from twin.calibration._vllm_common import (
-        base_run,
-        delta,
-        engine_cli_args,
-        engine_kwargs,
-        parse_iterations,
-        write_run,
-        _r6,
-    )
+    from twin.calibration import _vllm_common as common  # noqa: E402
 except ImportError:  # run as a script in the vLLM environment, where twin is not installed: the sibling file
-    from _vllm_common import (
-        base_run,
-        delta,
-        engine_cli_args,
-        engine_kwargs,
-        parse_iterations,
-        write_run,
-        _r6,
-    )  # type: ignore[no-redef]
+    import _vllm_common as common  # type: ignore[no-redef]  # noqa: E402
 
 
 # ------------------------------------------------------------------------------------------ offline
@@ -87,7 +71,7 @@ def run_offline(job: dict) -> None:
     from vllm.sampling_params import RequestOutputKind
 
     engine = job["engine"]
-    llm = LLM(model=job["model_dir"], **engine_kwargs(engine))
+    llm = LLM(model=job["model_dir"], **common.engine_kwargs(engine))
     vcfg = llm.llm_engine.vllm_config
     cache, sched = vcfg.cache_config, vcfg.scheduler_config
 
@@ -136,11 +120,11 @@ def run_offline(job: dict) -> None:
     logging.getLogger("vllm").removeHandler(handler)
     after = counters()
 
-    iterations = parse_iterations(handler.lines)
+    iterations = common.parse_iterations(handler.lines)
     requests = []
     for r in reqs:
         st = state[r["request_id"]]
-        times = [_r6(t) for t in st["times"]]
+        times = [common._r6(t) for t in st["times"]]
         requests.append(
             {
                 "request_id": r["request_id"],
@@ -153,7 +137,7 @@ def run_offline(job: dict) -> None:
                 "num_cached_tokens": st["cached"],
             }
         )
-    run = base_run(job, "offline", engine_cli_args(engine))
+    run = common.base_run(job, "offline", common.engine_cli_args(engine))
     run.update(
         {
             "block_size": int(cache.block_size),
@@ -163,12 +147,12 @@ def run_offline(job: dict) -> None:
             "max_model_len": int(vcfg.model_config.max_model_len),
             "enable_chunked_prefill": bool(sched.enable_chunked_prefill),
             "enable_prefix_caching": bool(cache.enable_prefix_caching),
-            "engine_args": engine_cli_args(engine),
-            "metrics_delta": delta(after, before),
+            "engine_args": common.engine_cli_args(engine),
+            "metrics_delta": common.delta(after, before),
             "workload": job["workload"],
         }
     )
-    write_run(Path(job["out_dir"]), run, requests, iterations)
+    common.write_run(Path(job["out_dir"]), run, requests, iterations)
 
 
 def main(argv: list[str]) -> int:
