@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from twin.models.engine import Engine, EngineConfig
+from twin.models.kv import BlockPool
 from twin.models.request import EngineRequest
 from twin.models.tokens import TokenSeq, pieces_from_ids
 
@@ -52,3 +53,13 @@ def finish_side_by_side(engines, steps, t: float, rng, *, run_share: float, max_
         return [e.complete_decode_run(s, m, ends) for e, s in zip(engines, steps)], ends[-1]
     t += float(rng.uniform(0.01, 0.05))
     return [e.complete(s, t) for e, s in zip(engines, steps)], t
+
+
+def admit(pool: BlockPool, r: EngineRequest) -> list[int]:
+    """Admit ``r`` whole into ``pool`` after its prefix hit (as the scheduler would), check the pool's
+    invariants, and return the hit blocks."""
+    hits = pool.find_hit(r)
+    bs = pool.block_size
+    assert pool.admit(r, r.seq.num_tokens - len(hits) * bs, hits, full_isl=False, watermark_blocks=0)
+    pool.check_invariants()
+    return hits

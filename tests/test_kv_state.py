@@ -4,6 +4,8 @@ plain encoding (-2 for one holder) would. Cases built so the bulk path is the on
 
 from __future__ import annotations
 
+from enginekit import admit
+
 from twin.models.kv import BlockPool
 from twin.models.request import EngineRequest
 from twin.models.tokens import TokenSeq
@@ -16,30 +18,23 @@ def _req(rid: int, ids: tuple[int, ...]) -> EngineRequest:
     return EngineRequest(request_id=str(rid), arrival_s=0.0, seq=seq, max_tokens=1)
 
 
-def _admit(pool: BlockPool, r: EngineRequest) -> list[int]:
-    hits = pool.find_hit(r)
-    assert pool.admit(r, r.seq.num_tokens - len(hits) * BS, hits, full_isl=False, watermark_blocks=0)
-    pool.check_invariants()
-    return hits
-
-
 def test_hit_on_a_bulk_popped_block_counts_two_holders() -> None:
     pool = BlockPool(num_blocks=25, block_size=BS, enable_prefix_caching=True, max_model_len=1024)
     a = _req(1, tuple(range(1, 1 + 12 * BS)))  # 12 full blocks
-    _admit(pool, a)
+    admit(pool, a)
     filler = _req(2, tuple(range(1000, 1000 + 12 * BS)))  # the other 12 usable blocks: none fresh left
-    _admit(pool, filler)
+    admit(pool, filler)
     a_blocks = list(a.blocks)
     pool.release(a)  # a's 12 blocks to the tail, last first
     pool.check_invariants()
     assert pool.free_order() == a_blocks[::-1]
     b = _req(3, tuple(range(5000, 5000 + 10 * BS)))  # pops 10 off the tail (bulk path), evicting a's hashes
-    assert _admit(pool, b) == []
+    assert admit(pool, b) == []
     assert b.blocks == a_blocks[::-1][:10]
     assert all(pool.ref_count(x) == 1 for x in b.blocks)
     assert pool.st[b.blocks[0]] >= 0  # held by one as a consumed tail position (what this test is about)
     c = _req(4, tuple(range(5000, 5000 + 10 * BS)) + (7,))  # b's prompt and one token: 10 blocks hit
-    assert _admit(pool, c) == b.blocks
+    assert admit(pool, c) == b.blocks
     assert [pool.ref_count(x) for x in b.blocks] == [2] * 10
     assert pool.n_shared == 10
     pool.release(b)
@@ -60,13 +55,13 @@ def test_bulk_popped_blocks_released_by_the_shared_path() -> None:
     per-block path: each consumed-position block is its last holder's and goes back to the tail."""
     pool = BlockPool(num_blocks=25, block_size=BS, enable_prefix_caching=True, max_model_len=1024)
     a = _req(1, tuple(range(1, 1 + 12 * BS)))
-    _admit(pool, a)
-    _admit(pool, _req(2, tuple(range(1000, 1000 + 12 * BS))))
+    admit(pool, a)
+    admit(pool, _req(2, tuple(range(1000, 1000 + 12 * BS))))
     pool.release(a)
     b = _req(3, tuple(range(5000, 5000 + 10 * BS)))
-    _admit(pool, b)
+    admit(pool, b)
     c = _req(4, tuple(range(5000, 5000 + 2 * BS)) + (9,) * BS + (8,))  # hits b's first 2 blocks only
-    assert _admit(pool, c) == b.blocks[:2]
+    assert admit(pool, c) == b.blocks[:2]
     assert pool.n_shared == 2
     b_blocks = list(b.blocks)
     before = pool.free_order()
