@@ -81,6 +81,10 @@ class LlmDScorerParams(_PrefixIndexParams):
     prefix_weight: float = Field(3.0, ge=0)
     queue_weight: float = Field(2.0, ge=0)
     kv_usage_weight: float = Field(2.0, ge=0)
+    # replica_id: ties go to the smallest id (repeatable; the pruned path relies on it). random: a seeded
+    # uniform draw among the tied best, as llm-d's max-score picker (shuffle, then a stable sort); every
+    # candidate is then scored in full, so it costs a full scan per decision.
+    tie_break: Literal["replica_id", "random"] = "replica_id"
 
 
 @ROUTERS.register("llm_d_scorer")
@@ -92,7 +96,7 @@ class LlmDScorerRouter(_PrefixIndexRouter):
       (1 for all when equal), so it is relative: a longer queue by one request scores like one longer
       by a hundred;
     - kv usage: 1 - scraped KV cache usage.
-    Ties break by ``replica_id``.
+    Ties break by ``replica_id``, or (``tie_break: random``) by a seeded draw among the tied best.
     """
 
     Params = LlmDScorerParams
@@ -118,10 +122,18 @@ class LlmDScorerRouter(_PrefixIndexRouter):
         return out
 
     def _choose(self, request: RequestFacts, candidates: list[ReplicaSnapshot], now_s: float) -> RoutingDecision:
-        if not self.keep_scores:
+        random_ties = self.params.tie_break == "random"
+        if not self.keep_scores and not random_ties:
             return RoutingDecision(self._best(request, candidates, now_s), "llm_d_scorer (score, higher wins)")
         totals = self.scores(request, candidates, now_s)
-        best = min(range(len(candidates)), key=lambda i: (-totals[i], candidates[i].replica_id))
+        if random_ties:
+            top = max(totals)
+            tied = sorted((candidates[i].replica_id, i) for i, t in enumerate(totals) if t == top)
+            best = tied[self.rng.randrange(len(tied))][1] if len(tied) > 1 else tied[0][1]
+        else:
+            best = min(range(len(candidates)), key=lambda i: (-totals[i], candidates[i].replica_id))
+        if not self.keep_scores:
+            return RoutingDecision(candidates[best].replica_id, "llm_d_scorer (score, higher wins)")
         scores = tuple(zip([c.replica_id for c in candidates], totals, strict=True))
         return RoutingDecision(candidates[best].replica_id, "llm_d_scorer (score, higher wins)", scores)
 
@@ -147,7 +159,7 @@ class LlmDScorerRouter(_PrefixIndexRouter):
 
     def route(self, request: RequestFacts, replicas: Sequence[ReplicaSnapshot], now_s: float) -> RoutingDecision:
         epoch = getattr(replicas, "epoch", None)
-        if epoch is None or self.keep_scores:
+        if epoch is None or self.keep_scores or self.params.tie_break == "random":
             return super().route(request, replicas, now_s)
         # A host list with an epoch (CandidateList): the candidates and their scraped-signal terms are
         # derived once per list and request class, so a decision does not pass over every replica listed.
