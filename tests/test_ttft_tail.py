@@ -90,7 +90,7 @@ def test_fidelity_reports_the_cold_start_of_server_runs_only(tmp_path: Path) -> 
     report = fidelity(runs, profile=PROFILE)
     offline, server = report["runs"]
     assert "cold_start" not in offline
-    excess, sent = cold_start(load_recorded_run(PREFIX_MIX[2]), PROFILE)
+    excess, sent = cold_start(load_recorded_run(PREFIX_MIX[2]), load_profile(PROFILE).spec.server)
     assert server["cold_start"] == {"first_token_excess_s": excess, "sent_before_first_token": sent}
     assert f"cold start: the first token came {excess * 1e3:+.1f} ms" in format_table(report)
     bare = tmp_path / "no-server.yaml"  # without a server section there is no server model to measure it against
@@ -109,5 +109,5 @@ def test_the_cold_start_is_measured_beyond_a_fitted_first_step_term(tmp_path: Pa
     with_term = tmp_path / "first-step.yaml"
     server = spec.server.model_copy(update={"step_time": spec.server.step_time.model_copy(update={"first_step_s": 0.01})})
     write_spec(spec.model_copy(update={"server": server}), with_term)
-    (plain, sent), (less, sent2) = cold_start(rec, PROFILE), cold_start(rec, str(with_term))
+    (plain, sent), (less, sent2) = cold_start(rec, spec.server), cold_start(rec, load_profile(str(with_term)).spec.server)
     assert plain is not None and less == pytest.approx(plain - 0.01, abs=1e-12) and sent == sent2 == 2

@@ -33,6 +33,7 @@ import numpy as np
 
 from twin.calibration.calibrate import replay_recorded
 from twin.calibration.recorded import RecordedRun, load_recorded_run
+from twin.engine_profiles.profile import ServerFrontEnd
 from twin.replay import compare, replay, server_front_end
 
 DEFAULT_TOLERANCE = 0.10
@@ -210,7 +211,7 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
         entry = {"run": str(rec.path), "name": rec.path.name, "mode": rec.run.mode, "requests": len(rec.requests),
                  "workload_key": key, "repeats": len(members), "items": items}
         if rec.run.mode == "server" and prof.spec.server is not None:
-            entry["cold_start"] = _cold_start(rec, profile)
+            entry["cold_start"] = _cold_start(rec, prof.spec.server)
         runs.append(entry)
     verdicts = [it["pass"] for r in runs for it in r["items"].values() if it["pass"] is not None]
     sv = prof.spec.server
@@ -225,7 +226,7 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
     }
 
 
-def _cold_start(rec: RecordedRun, profile: str) -> dict[str, Any] | None:
+def _cold_start(rec: RecordedRun, server: ServerFrontEnd) -> dict[str, Any] | None:
     """How much later a server run's first token came than the server section puts it, and the requests sent before
     it (``twin.calibration.ttft.cold_start``): a freshly started server's first requests are slow, and where more
     requests come in meanwhile the first few land in the TTFT tail (docs/calibration.md, "The server TTFT tail on the
@@ -234,7 +235,7 @@ def _cold_start(rec: RecordedRun, profile: str) -> dict[str, Any] | None:
     from twin.calibration.ttft import cold_start
 
     try:
-        excess_s, sent = cold_start(rec, profile)
+        excess_s, sent = cold_start(rec, server)
     except ReconstructionError:
         return None
     return {"first_token_excess_s": excess_s, "sent_before_first_token": sent}

@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from twin.calibration.recorded import RecordedRun, load_recorded_run
-from twin.calibration.server import reconstruct
+from twin.calibration.server import ServerSteps, reconstruct
+from twin.engine_profiles.profile import ServerFrontEnd
 from twin.metrics import distribution
 
 CROWD_WINDOW_S = 0.02  # "sent just before": within this of the request's send (a few decode steps here)
@@ -85,9 +86,12 @@ def prefix_openers(rec: RecordedRun) -> set[str]:
     return {ids[0] for ids in groups.values() if len(ids) > 1}
 
 
-def run_rows(rec: RecordedRun, twin_ttft_s: dict[str, float], *, window_s: float = CROWD_WINDOW_S) -> list[TtftRow]:
-    """The rows of ``rec`` given the replayed TTFT of each request (from the send, as the client measured it)."""
-    steps = reconstruct(rec)
+def run_rows(rec: RecordedRun, twin_ttft_s: dict[str, float], *, window_s: float = CROWD_WINDOW_S,
+             steps: ServerSteps | None = None) -> list[TtftRow]:
+    """The rows of ``rec`` given the replayed TTFT of each request (from the send, as the client measured it);
+    ``steps``: ``reconstruct(rec)`` where the caller has it already."""
+    if steps is None:
+        steps = reconstruct(rec)
     reqs = sorted(rec.requests, key=lambda x: (x.arrival_s, x.request_id))
     sends = np.array([r.arrival_s for r in reqs], dtype=np.float64)
     openers = prefix_openers(rec)
@@ -106,36 +110,38 @@ def run_rows(rec: RecordedRun, twin_ttft_s: dict[str, float], *, window_s: float
     return rows
 
 
-def cold_start(rec: RecordedRun, profile: str) -> tuple[float | None, int]:
+def cold_start(rec: RecordedRun, server: ServerFrontEnd | None, steps: ServerSteps | None = None,
+               ) -> tuple[float | None, int]:
     """``(excess_s, sent_before)``: the first request's first-token time beyond the profile's server model
-    (``calibrate.first_step_excess_s`` with the server section's arrival, front end and step time, less its
+    (``calibrate.first_step_excess_s`` with the ``server`` section's arrival, front end and step time, less its
     ``first_step_s`` where one is fitted; None without a server section), and the requests sent before that token
-    reached the client."""
+    reached the client. ``steps``: ``reconstruct(rec)`` where the caller has it already."""
     from twin.calibration.calibrate import first_step_excess_s
     from twin.calibration.regimes import predict_model_s
-    from twin.engine_profiles import load_profile
 
     q = min(rec.requests, key=lambda x: (x.arrival_s, x.request_id))
     assert q.token_times_s
     first_token = q.arrival_s + q.token_times_s[0]
     sent_before = sum(1 for r in rec.requests if r is not q and r.arrival_s < first_token)
-    sv = load_profile(profile).spec.server
-    if sv is None:
+    if server is None:
         return None, sent_before
-    steps = reconstruct(rec)
+    if steps is None:
+        steps = reconstruct(rec)
     excess = first_step_excess_s(
-        steps.elapsed_s, float(predict_model_s(sv.step_time, steps.shapes[:1])[0]),
-        first_token_s=q.token_times_s[0] - sv.arrival_s, token_step=int(steps.token_steps[q.request_id][0]),
-        fixed_s=sv.step_time.overhead_s + sv.per_chunk_s * steps.chunks)
-    return excess - (sv.step_time.first_step_s or 0.0), sent_before
+        steps.elapsed_s, float(predict_model_s(server.step_time, steps.shapes[:1])[0]),
+        first_token_s=q.token_times_s[0] - server.arrival_s, token_step=int(steps.token_steps[q.request_id][0]),
+        fixed_s=server.step_time.overhead_s + server.per_chunk_s * steps.chunks)
+    return excess - (server.step_time.first_step_s or 0.0), sent_before
 
 
 def ttft_report(run_dirs: Sequence[str | Path], *, profile: str, noise: bool | None = None, noise_seed: int = 0,
                 window_s: float = CROWD_WINDOW_S) -> list[RunTtft]:
     """Rows of every server-mode run among ``run_dirs`` (offline runs are skipped), replayed with ``profile`` as
     ``twin fidelity`` replays them (``noise`` and ``noise_seed`` as there)."""
+    from twin.engine_profiles import load_profile
     from twin.replay import replay
 
+    server = load_profile(profile).spec.server
     out = []
     for path in run_dirs:
         rec = load_recorded_run(path)
@@ -145,8 +151,9 @@ def ttft_report(run_dirs: Sequence[str | Path], *, profile: str, noise: bool | N
         if not result.ok:
             raise RuntimeError(f"{rec.path}: the replay failed: {result.manifest['exception']}")
         req = result.tables["requests"].to_pydict()
-        rows = run_rows(rec, dict(zip(req["request_id"], req["ttft_s"], strict=True)), window_s=window_s)
-        excess, sent = cold_start(rec, profile)
+        steps = reconstruct(rec)
+        rows = run_rows(rec, dict(zip(req["request_id"], req["ttft_s"], strict=True)), window_s=window_s, steps=steps)
+        excess, sent = cold_start(rec, server, steps)
         out.append(RunTtft(
             name=rec.path.name, path=rec.path, rows=tuple(rows),
             real_p90_s=float(distribution([r.real_ttft_s for r in rows])["p90"]),
