@@ -7,10 +7,18 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
-from twin.calibration.fidelity import EXACT_ITEMS, TOLERANCE_ITEMS, fidelity, spread, workload_key
+from twin.calibration.fidelity import (
+    EXACT_ITEMS,
+    TOLERANCE_ITEMS,
+    fidelity,
+    mean_deviation,
+    spread,
+    workload_key,
+)
 from twin.calibration.recorded import load_recorded_run
 from twin.cli import main
 from twin.engine_profiles import load_profile
@@ -72,11 +80,31 @@ def test_repeats_widen_the_tolerance_to_the_real_spread(tmp_path: Path) -> None:
     for run in rep["runs"]:
         assert run["repeats"] == 2
         ttft = run["items"]["ttft_p50_s"]
-        assert ttft["spread"] == pytest.approx(0.2)  # values x and 1.5x: mean 1.25x, largest deviation 0.25x
-        assert ttft["tolerance"] == pytest.approx(0.2)
+        assert ttft["spread"] == pytest.approx(0.5)  # values x and 1.5x: the one predicts the other 50 % off
+        assert ttft["tolerance"] == pytest.approx(0.5)
+        # the stricter rule: mean 1.25x, largest deviation 0.25x = 20 %
+        assert ttft["mean_deviation"] == pytest.approx(0.2) and ttft["tolerance_strict"] == pytest.approx(0.2)
         steps = run["items"]["step_time_sum_s"]  # iterations are the same in both copies
         assert steps["spread"] == 0.0 and steps["tolerance"] == 0.10
-    assert spread([1.0]) is None and spread([2.0, 2.0]) == 0.0
+    assert spread([1.0]) is None and spread([2.0, 2.0]) == 0.0 and spread([0.0, 1.0]) is None
+    strict = rep["summary"]["strict"]
+    assert strict["tolerance_items"] == 2 * len(TOLERANCE_ITEMS) == strict["repeated_items"]
+
+
+def test_the_repeats_mean_passes_the_run_to_run_spread_but_not_always_the_stricter_rule() -> None:
+    """Why the tolerance is the run-to-run spread: an exact prediction of the repeats' mean is always within it
+    (the mean lies between the smallest and the largest repeat), while the deviation-from-mean rule can fail it,
+    since the error is relative to the run and the deviation relative to the mean."""
+    rng = np.random.default_rng(3)
+    failed_strict = 0
+    for _ in range(200):
+        v = rng.uniform(1.0, 2.0, size=4)
+        m = v.mean()
+        assert all(abs(m / x - 1) <= spread(v) + 1e-12 for x in v)
+        failed_strict += any(abs(m / x - 1) > mean_deviation(v) + 1e-12 for x in v)
+    assert failed_strict > 0
+    v = [1.0, 2.0, 2.0, 2.0]  # mean 1.75: 43 % from the low repeat's value in the mean's terms, 75 % in its own
+    assert mean_deviation(v) == pytest.approx(0.75 / 1.75) and spread(v) == pytest.approx(1.0)
 
 
 def test_different_workloads_are_not_repeats(tmp_path: Path) -> None:
