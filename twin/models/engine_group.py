@@ -235,8 +235,7 @@ class GroupPath:
         came at the end of the previous step), in running order. Returns the member count."""
         grp = self.grp
         n = step.g_n
-        self.itl_values.extend(array("d", [first_s - grp.last_s]) * n)
-        self.itl_weights.extend(array("I", [1]) * n)
+        self._gap_run(first_s - grp.last_s, n)
         if self.itl_groups is not None:
             self.itl_groups.codes.extend(grp.codes)
         return n
