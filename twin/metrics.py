@@ -27,8 +27,8 @@ _MERGE_MIN = 4096  # below this the sort is cheap: no merging
 
 
 def _merge_repeats(v: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``v`` and ``w`` with each run of consecutive copies of one value (the same bits) merged into one value
-    carrying the run's summed weight; the arrays unchanged when runs would not shrink them by half.
+    """``v`` and ``w`` (whole numbers) with each run of consecutive copies of one value (the same bits) merged
+    into one value carrying the run's summed weight (a float); unchanged when runs would not halve them.
 
     Why: an engine records a decode-group step's gap once per member (one value repeated ~60 times in the
     single-replica benchmark: 1.23 M gaps in 73 k runs), and the stable sort of every copy was most of the
@@ -42,7 +42,7 @@ def _merge_repeats(v: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray
     if 2 * (starts.size + 1) > v.size:
         return v, w
     starts = np.concatenate(([0], starts))
-    return v[starts], np.add.reduceat(w, starts)
+    return v[starts], np.add.reduceat(w, starts, dtype=np.float64)
 
 
 def weighted_quantiles(values: np.ndarray, weights: np.ndarray | None, qs: tuple[float, ...]) -> list[float]:
@@ -53,7 +53,7 @@ def weighted_quantiles(values: np.ndarray, weights: np.ndarray | None, qs: tuple
     if weights is not None and v.size >= _MERGE_MIN:
         w = np.asarray(weights)
         if w.dtype.kind in "iu":  # whole-number weights only: their sums are exact in any grouping
-            v, weights = _merge_repeats(v, w.astype(np.float64))
+            v, weights = _merge_repeats(v, w)
     order = np.argsort(v, kind="stable")
     # The cumulative weight in value order, computed in place, and the values read through ``order`` at
     # the few quantile positions only: a fleet's inter-token gaps are hundreds of millions of values, and
