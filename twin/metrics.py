@@ -42,7 +42,7 @@ def _merge_repeats(v: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray
     if 2 * (starts.size + 1) > v.size:
         return v, w
     starts = np.concatenate(([0], starts))
-    return v[starts], np.add.reduceat(w, starts, dtype=np.float64)
+    return v[starts], np.add.reduceat(w.astype(np.float64), starts)  # (faster than reduceat's own cast)
 
 
 def weighted_quantiles(values: np.ndarray, weights: np.ndarray | None, qs: tuple[float, ...]) -> list[float]:
