@@ -23,11 +23,37 @@ class Metric(StrEnum):
     KV_USAGE_MEAN = "kv_usage_mean"
 
 
+_MERGE_MIN = 4096  # below this the sort is cheap: no merging
+
+
+def _merge_repeats(v: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``v`` and ``w`` (whole numbers) with each run of consecutive copies of one value (the same bits) merged
+    into one value carrying the run's summed weight (a float); unchanged when runs would not halve them.
+
+    Why: an engine records a decode-group step's gap once per member (one value repeated ~60 times in the
+    single-replica benchmark: 1.23 M gaps in 73 k runs), and the stable sort of every copy was most of the
+    end-of-run cost. The answers are the same: copies of one value sit next to each other in the stable
+    order too (no other element comes between them in the input), so the cumulative weight at a merged
+    run's end is the unmerged one at that position (whole-number weights: exact sums), and the first element
+    whose cumulative weight reaches a target lies in the run whose merged entry is the first to reach it,
+    with the same bits (copies are compared as bits, so 0.0 and -0.0 never merge)."""
+    b = v.view(np.uint64)
+    starts = np.flatnonzero(b[1:] != b[:-1]) + 1
+    if 2 * (starts.size + 1) > v.size:
+        return v, w
+    starts = np.concatenate(([0], starts))
+    return v[starts], np.add.reduceat(w.astype(np.float64), starts)  # (faster than reduceat's own cast)
+
+
 def weighted_quantiles(values: np.ndarray, weights: np.ndarray | None, qs: tuple[float, ...]) -> list[float]:
     """Inverse-CDF quantiles (the smallest value whose cumulative weight reaches q) of a weighted sample."""
     v = np.asarray(values, dtype=np.float64)
     if v.size == 0:
         return [float("nan")] * len(qs)
+    if weights is not None and v.size >= _MERGE_MIN:
+        w = np.asarray(weights)
+        if w.dtype.kind in "iu":  # whole-number weights only: their sums are exact in any grouping
+            v, weights = _merge_repeats(v, w)
     order = np.argsort(v, kind="stable")
     # The cumulative weight in value order, computed in place, and the values read through ``order`` at
     # the few quantile positions only: a fleet's inter-token gaps are hundreds of millions of values, and
@@ -49,7 +75,8 @@ def distribution(values, weights=None) -> dict[str, float | int]:
     """p50/p90/p95/p99/mean/count of a (weighted) sample; NaN when empty."""
     v = np.asarray(values, dtype=np.float64)
     w = None if weights is None else np.asarray(weights, dtype=np.float64)
-    qs = weighted_quantiles(v, w, tuple(p / 100 for p in PERCENTILES))
+    # (the weights as given: whole-number ones let the quantiles merge repeated values, see _merge_repeats)
+    qs = weighted_quantiles(v, None if weights is None else np.asarray(weights), tuple(p / 100 for p in PERCENTILES))
     out: dict[str, float | int] = {f"p{p}": q for p, q in zip(PERCENTILES, qs)}
     if v.size:
         out["mean"] = float(np.average(v, weights=w))

@@ -21,10 +21,10 @@ decoding, LoRA, encoder cache or KV connectors; stop strings are modelled as the
 
 from __future__ import annotations
 
-from array import array
 from dataclasses import dataclass
 
 from twin.engine_profiles.step import prefill_attention_work
+from twin.models.engine_gaps import GapColumns
 from twin.models.engine_group import GroupPath
 from twin.models.engine_parts import DecodeGroup, GroupColumn, Step, WaitingQueue
 from twin.models.engine_runs import RunPath
@@ -56,7 +56,7 @@ class EngineConfig:
             raise ValueError("with chunked prefill off, max_num_batched_tokens must be >= max_model_len (as vLLM requires)")
 
 
-class Engine(GroupPath, RunPath):
+class Engine(GroupPath, RunPath, GapColumns):
     """vLLM V1 scheduling + KV cache for one replica. Times are passed in; the engine has no clock.
 
     The decode group's path (``_g_*``) is in ``twin.models.engine_group``; many identical decode steps in one
@@ -76,10 +76,8 @@ class Engine(GroupPath, RunPath):
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.num_steps = 0
-        # Inter-token gaps: (value_s, weight) pairs, one weight per token the value applies to. Typed arrays,
-        # not lists: 8 + 4 bytes a gap instead of 32 + 8 (same values, same order).
-        self.itl_values = array("d")
-        self.itl_weights = array("I")
+        # Inter-token gaps: ``itl_values``, ``itl_weights`` (twin.models.engine_gaps; written to ``_gap_*``).
+        self._gaps_init()
         self.itl_groups: GroupColumn | None = GroupColumn() if track_groups else None  # parallel to itl_values
         # The decode group (FCFS only: a priority preemption may take back any running request's step).
         self.grp = DecodeGroup(config.block_size, config.max_model_len)
@@ -324,7 +322,7 @@ class Engine(GroupPath, RunPath):
         finished: list[EngineRequest] = []
         mml = self.cfg.max_model_len
         RUNNING = Status.RUNNING
-        itl_v, itl_w, itl_g = self.itl_values, self.itl_weights, self.itl_groups
+        itl_v, itl_w, itl_g = self._gap_v, self._gap_w, self.itl_groups
         emitted = 0
         first = step.first_tokens
         grp = self.grp
@@ -396,8 +394,8 @@ class Engine(GroupPath, RunPath):
             r.first_token_s = first_s
             self.prompt_tokens += r.prompt_tokens
         else:
-            self.itl_values.append(first_s - r.last_token_s)  # type: ignore[operator]
-            self.itl_weights.append(1)
+            self._gap_v.append(first_s - r.last_token_s)  # type: ignore[operator]
+            self._gap_w.append(1)
             if self.itl_groups is not None:
                 self.itl_groups.append(r.group)
         r.seq.append_output(m)

@@ -235,8 +235,11 @@ class GroupPath:
         came at the end of the previous step), in running order. Returns the member count."""
         grp = self.grp
         n = step.g_n
-        self.itl_values.extend(array("d", [first_s - grp.last_s]) * n)
-        self.itl_weights.extend(array("I", [1]) * n)
+        gv = self._gap_v  # self._gap_run(first_s - grp.last_s, n), inlined (once per group step)
+        self._gap_at.append(len(gv))
+        self._gap_n.append(n)
+        gv.append(first_s - grp.last_s)
+        self._gap_w.append(1)
         if self.itl_groups is not None:
             self.itl_groups.codes.extend(grp.codes)
         return n

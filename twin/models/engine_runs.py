@@ -86,7 +86,7 @@ class RunPath:
         first_s, last_s = ends_s[0], ends_s[m - 1]
         finished: list[EngineRequest] = []
         k = m - 1
-        itl_v, itl_w, itl_g = self.itl_values, self.itl_weights, self.itl_groups
+        itl_v, itl_w, itl_g = self._gap_v, self._gap_w, self.itl_groups
         bs = kv.block_size
         caching = kv.caching
         counts: dict[str | None, int] = {}  # requests per gap group, in first-seen order (only with itl_g)

@@ -152,7 +152,23 @@ class BlockPool(TailQueue, LazyIndex, PoolChecks):
     # ---- allocation ---------------------------------------------------------------------------
     def _pop_free(self, n: int, out: list[int]) -> None:
         """Pop ``n`` blocks off the free queue (head, then never-used blocks, then tail) into ``out``."""
-        head, bhash, st = self.head, self.bhash, self.st
+        head = self.head
+        if not head and self.fresh == self.num_blocks and n:
+            # The usual pop once the pool has cycled: all n off the plain run at the tail's front (_pop_tail's
+            # first case, inlined: most pops are a decode group's few blocks, where the calls cost the most).
+            r = self.tail[0]
+            e = r.entry
+            f = self.front
+            j = r.a + f - r.pos
+            if e is not None and not e.flushed and j + n < r.b:
+                out.extend(r.ids[j:j + n])
+                self.tail_len -= n
+                self.front = f = f + n
+                runs = self.runs
+                if runs and runs[0].end <= f:
+                    self._runs_passed()
+                return
+        bhash, st = self.bhash, self.st
         while n and head:
             b, _ = head.popitem(last=False)
             h = bhash[b]
