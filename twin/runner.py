@@ -214,27 +214,28 @@ def _no_cyclic_gc() -> Iterator[None]:
 
 @contextmanager
 def _sim_collector() -> Iterator[None]:
-    """The cyclic garbage collector's settings while a world simulates (a fleet, or one replica: there the
-    default thresholds cost ~2% of the single-replica benchmark's instructions).
+    """The cyclic garbage collector is off while a world simulates (a fleet, or one replica).
 
-    A fleet run holds a large, growing live heap (the world, sessions in progress, turn records), so CPython's
-    default thresholds run collections over it again and again: ~15% of a run's CPU at scale 0.02. A turn's
-    own objects are in no reference cycle (``Generations._submit``, ``tests/test_gc_cycles.py``), so reference
-    counting frees them and collections during the run only walk what is alive: the young generation may grow
-    to a million objects (at scale 0.08 for 60 s no collection runs at all, against three at 100,000 costing
-    ~5% of the run). At the end up to a million young objects are alive, nearly all of them the finished world,
-    and the first allocation after the thresholds drop back would walk every one of them to free nothing (~0.8
-    CPU-s at scale 0.08 for 120 s): they are frozen out of the collector's reach instead, and the next
-    ``run_scenario`` in this process unfreezes them, so a sweep or the dashboard still gets a dropped world's
+    A run's objects are in no reference cycle (``Generations._submit``; ``tests/test_gc_cycles.py`` runs fleets
+    with cancellations, retries, a crash, autoscaling and disaggregated pools and finds nothing for the collector
+    to free), so reference counting frees everything a run drops, and a collection during the run can only walk
+    what is alive to free nothing. It is not cheap: a young collection visits every reference of every object
+    made since the last one, and in a large heap each visit is a cache miss. Measured with ``gc.callbacks`` at 1x
+    (540 replicas, 30 simulated s) under the former thresholds (a young collection per million objects): two
+    collections took 0.69 and 1.25 CPU-s and freed 0 objects, 6.7 % of the run; at 2x they grew to ~9 % (each
+    costlier than the last). At the end the finished world is frozen out of the collector's reach (the first
+    collection after the run would walk all of it to free nothing: ~0.8 CPU-s at scale 0.08 for 120 s), and the
+    next ``run_scenario`` in this process unfreezes it, so a sweep or the dashboard still gets a dropped world's
     cycles collected. Changes nothing simulated.
     """
-    thresholds = gc.get_threshold()
-    gc.set_threshold(1_000_000, 50, 1_000)
+    was_enabled = gc.isenabled()
+    gc.disable()
     try:
         yield
     finally:
         gc.freeze()
-        gc.set_threshold(*thresholds)
+        if was_enabled:
+            gc.enable()
 
 
 def _run_single(scenario, seed, replication, result, t0, specs, step_model) -> None:
