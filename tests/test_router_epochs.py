@@ -212,6 +212,11 @@ def test_room_lists_shrink_as_a_rebuild_would_and_keep_their_epoch_promise(seed:
         assert got.removed[:len(was_removed)] == was_removed
         since = set(got.removed[len(was_removed):])
         assert fields == [f for f in was_fields if f[0] not in since]
+        # a region part's longest max_model_len and its count, kept as replicas leave, are a recount's
+        for key, room in router._room.items():
+            if len(key) == 5:
+                lengths = [router.snapshots[i].max_model_len for i in room[0]]
+                assert room[1:] == [max(lengths, default=-1), lengths.count(max(lengths, default=-1))]
         if got and rng.random() < 0.7:
             target = got[rng.randrange(len(got))].replica_id
             router.sent(facts, target)

@@ -81,3 +81,32 @@ def test_the_kept_filter_decides_as_the_full_scan(seed: int, size: int, few: int
                 r.on_routed(request, to, now)
     finally:
         scorer_terms.FEW_HOLDERS = was
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 2**32), size=st.integers(1, 80))
+def test_kept_order_and_ranks_follow_drops(seed: int, size: int) -> None:
+    """As candidates are dropped, the kept bound order, the ranks ``drop`` bisects by and the runs' id sets
+    stay as a fresh derivation gives them, and ``_first_holder`` finds the first holder in that order."""
+    rng = SplitMix64(seed)
+    listed = [snapshot(i, rng, 0.0) for i in range(size)]
+    terms = scorer_terms.ScorerTerms(3.0, 2.0, 2.0, listed, listed=True)
+    while True:
+        fresh = scorer_terms.ScorerTerms(3.0, 2.0, 2.0, listed, listed=True)
+        assert [terms.ids[i] for i in terms.order] == [fresh.ids[i] for i in fresh.order]
+        if terms.runs is not None:  # the runs' id sets follow the drops
+            assert [{terms.ids[i] for i in run} for run in terms.runs] == terms.run_sets
+        assert [terms.rank[i] for i in terms.order] == sorted(terms.rank[i] for i in terms.order)
+        ids = [r.replica_id for r in listed]
+        # holders: some listed replicas and some that are not candidates at all
+        held = {rid for rid in ids if rng.random() < 0.2} | {f"x{j}" for j in range(rng.randrange(5))}
+        first = terms.pos[ids[rng.randrange(len(ids))]]  # type: ignore[index]
+        want = next((j for j in terms.order if j != first and terms.ids[j] in held), -1)  # type: ignore[union-attr]
+        assert scorer_terms._first_holder(terms, held, first) == want
+        if len(listed) == 1:
+            break
+        if rng.random() < 0.5:
+            scorer_terms.runs(terms)
+        gone = listed.pop(rng.randrange(len(listed)))
+        if not terms.drop(gone.replica_id):
+            terms = scorer_terms.ScorerTerms(3.0, 2.0, 2.0, listed, listed=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from bisect import bisect_left
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,12 +20,52 @@ import simpy
 from twin.models.recorder import Recorder
 from twin.models.replica import Replica
 from twin.policies import ReplicaSnapshot, RequestFacts, RoutingDecision, build_router
-from twin.policies.types import CandidateList
 
 
 def _room_key(model: str, allowed_regions: Sequence[str] | None, pool: str | None, max_waiting: int) -> tuple:
     """The key of a room list (``Router._room``, ``_epoch``); a region's part adds the region."""
     return (model, None if allowed_regions is None else tuple(allowed_regions), pool, max_waiting)
+
+
+def _longest(snaps: list[ReplicaSnapshot], idx: list[int]) -> tuple[int, int]:
+    """The largest ``max_model_len`` among ``idx`` (-1 if none) and how many have it."""
+    lengths = [snaps[i].max_model_len for i in idx]
+    top = max(lengths, default=-1)
+    return top, lengths.count(top)
+
+
+class RoomList(Sequence):
+    """A room list as the policy is handed it: a ``CandidateList`` (``epoch``, ``removed``) whose snapshots
+    are looked up when the policy first reads it, not when the host hands it over.
+
+    The llm-d scorer reads the list only when its epoch or the request's class is new to it (it keeps
+    what it derived from it, see ``CandidateList``), so building the list per decision was the one pass
+    over a whole region left per decision (~2% of the run at 1,080 replicas, growing with the fleet).
+    The host hands it over at once and changes nothing before the policy returns, so it lists what a
+    list built at hand-over would; the first read fixes it (a later read sees the same list).
+    """
+
+    __slots__ = ("epoch", "removed", "_snaps", "_idx", "_list")
+
+    def __init__(self, snaps: list[ReplicaSnapshot], idx: list[int], epoch: int, removed: tuple) -> None:
+        self.epoch, self.removed = epoch, removed
+        self._snaps, self._idx = snaps, idx
+        self._list: list[ReplicaSnapshot] | None = None
+
+    def _items(self) -> list[ReplicaSnapshot]:
+        out = self._list
+        if out is None:
+            out = self._list = list(map(self._snaps.__getitem__, self._idx))
+        return out
+
+    def __len__(self) -> int:
+        return len(self._idx) if self._list is None else len(self._list)
+
+    def __getitem__(self, i):
+        return self._items()[i]
+
+    def __iter__(self):
+        return iter(self._items())
 
 
 class ReplicaHandle:
@@ -71,6 +112,9 @@ class Router:
         self._by_model: dict[str, list[int]] = {}
         for i, h in sorted(enumerate(replicas), key=lambda ih: ih[1].scope):
             self._by_model.setdefault(h.model, []).append(i)
+        # replica index -> its position in its model's _by_model list: every room list is in that order
+        self._rank: list[int] = []
+        self._number(range(len(replicas)))
         # (model, allowed regions, pool) -> indices of the healthy replicas there, in replica_id order.
         # Health, region and pool change only at a scrape, a passive health mark or a new replica, which
         # clear it.
@@ -78,7 +122,8 @@ class Router:
         # (model, allowed regions, pool, max_waiting) -> the indices of _placed that have room. Room is lost
         # only when a request is sent (``sent`` takes a replica that reaches a limit in use out of the lists
         # with that limit) and comes back only at a scrape, so a dispatch reads the list instead of testing
-        # every replica. The same key plus a region -> [that region's part of it, its largest max_model_len].
+        # every replica. The same key plus a region -> [that region's part of it, its largest max_model_len, how
+        # many there have that length].
         self._room: dict[tuple, Any] = {}
         # room key -> [the epoch of its list, the replica ids it lost since] (CandidateList.epoch, .removed):
         # a fresh epoch whenever the list is built. Scraped fields change only where the lists are cleared, so
@@ -125,11 +170,9 @@ class Router:
         room for one more. Room: scraped waiting + requests routed there since the scrape < ``max_waiting``
         (0 = no limit).
         """
-        # the current snapshots (the ledger refreshes them) of the replicas with room, in C
+        # the current snapshots (the ledger refreshes them) of the replicas with room, read when the policy reads
         key = _room_key(model, allowed_regions, pool, max_waiting)
-        out = CandidateList(map(self.snapshots.__getitem__, self._with_room(key)))
-        out.epoch, out.removed = self._epoch[key]
-        return out
+        return RoomList(self.snapshots, self._with_room(key), *self._epoch[key])
 
     def candidates_for(self, facts: RequestFacts, allowed_regions: Sequence[str] | None, max_waiting: int,
                        pool: str | None = None) -> list[ReplicaSnapshot]:
@@ -148,14 +191,12 @@ class Router:
             if local is None:
                 snaps = self.snapshots
                 idx = [i for i in room if snaps[i].region == region]
-                local = self._room[local_key] = [idx, max([snaps[i].max_model_len for i in idx], default=-1)]
+                local = self._room[local_key] = [idx, *_longest(snaps, idx)]
                 self._epoch[local_key] = [next(self._epochs), ()]
             if local[1] >= facts.total_tokens:  # some replica there is eligible (healthy, model, residency: placed)
                 key = local_key
                 room = local[0]
-        out = CandidateList(map(self.snapshots.__getitem__, room))
-        out.epoch, out.removed = self._epoch[key]
-        return out
+        return RoomList(self.snapshots, room, *self._epoch[key])
 
     def _with_room(self, key: tuple) -> list[int]:
         """The indices of the replicas with room under ``key`` (``_room_key``), kept until they change."""
@@ -179,6 +220,14 @@ class Router:
             self._room[key] = room
             self._epoch[key] = [next(self._epochs), ()]
         return room
+
+    def _number(self, indices) -> None:
+        """Set ``_rank`` for the models of ``indices`` (handles added since are numbered too)."""
+        rank = self._rank
+        rank.extend([0] * (len(self.handles) - len(rank)))
+        for model in sorted({self.handles[i].model for i in indices}):
+            for pos, i in enumerate(self._by_model[model]):
+                rank[i] = pos
 
     def route(self, facts: RequestFacts, candidates: list[ReplicaSnapshot]) -> RoutingDecision:
         self.decisions += 1
@@ -205,23 +254,27 @@ class Router:
         """Replica ``i`` has no room left under ``max_waiting == limit``: take it out of those room lists
         (their region parts included) and add it to each such list's ``removed``. This leaves each list as
         a rebuild would (rebuilding them all cost a pass over the fleet every ~8 decisions at scale 1.0), and
-        a router keeping per-list work updates it instead of starting again."""
+        a router keeping per-list work updates it instead of starting again. The lists are in replica_id
+        order, which ``_rank`` numbers, so ``i`` is found by bisection; a region part counts the replicas
+        of its largest length, so losing one of them recounts only when it was the last (both were passes
+        over the list per loss, ~1% of the run at 1,080 replicas)."""
         scope = self.handles[i].scope
+        rank = self._rank
+        r = rank[i]
+        by_rank = rank.__getitem__
         for key, room in self._room.items():
             if key[3] != limit:
                 continue
-            if len(key) == 4:
-                if i not in room:
-                    continue
-                room.remove(i)
-            else:
-                if i not in room[0]:
-                    continue
-                room[0].remove(i)
-                mml = self.snapshots[i].max_model_len
-                if mml == room[1]:  # it may have been the only one that long
-                    snaps = self.snapshots
-                    room[1] = max([snaps[j].max_model_len for j in room[0]], default=-1)
+            local = len(key) == 5
+            idx = room[0] if local else room
+            at = bisect_left(idx, r, key=by_rank)
+            if at == len(idx) or idx[at] != i:
+                continue
+            del idx[at]
+            if local and self.snapshots[i].max_model_len == room[1]:  # it may have been the only one that long
+                room[2] -= 1
+                if not room[2]:
+                    room[1:] = _longest(self.snapshots, idx)
             epoch = self._epoch[key]
             epoch[1] = (*epoch[1], scope)
 
@@ -257,6 +310,7 @@ class Router:
         by_model = self._by_model.setdefault(h.model, [])
         by_model.append(h.index)
         by_model.sort(key=lambda i: self.handles[i].scope)
+        self._number(by_model)
         eng = h.replica.engine
         self.snapshots.append(ReplicaSnapshot(
             replica_id=h.scope, region=h.region, model=h.model, pool=h.pool, healthy=h.replica.healthy,
