@@ -16,6 +16,8 @@ from twin.models.population import LengthDraw, SessionSpec
 from twin.rng import stable_hash, stream
 
 RETRYABLE = {"user_rate_limited", "tenant_quota_exceeded", "queue_full", "replica_failed", "region_unreachable"}
+OUTCOME_EVENT = {"completed": "request.finished", "rejected": "request.rejected", "cancelled": "request.cancelled",
+                 "abandoned": "request.abandoned", "failed": "request.failed"}  # outcome kind -> event kind
 
 
 @dataclass(slots=True)
@@ -77,7 +79,9 @@ class Clients:
             if outcome.kind != "completed":
                 break  # a user whose turn failed or who gave up leaves the session
             if k + 1 < spec.turns:
-                yield env.timeout(self.rng.exponential(tr.think_time_s))
+                # rng.exponential(scale) is scale * one standard exponential draw in numpy: the same float and
+                # stream position, without exponential's per-call argument checks
+                yield env.timeout(tr.think_time_s * self.rng.standard_exponential())
         self.w.conversation.end_session(spec.session_id)
 
     def turn(self, turn: Turn):
@@ -96,9 +100,8 @@ class Clients:
                 yield env.timeout(wait)
                 attempt += 1
                 continue
-            kind = {"completed": "request.finished", "rejected": "request.rejected", "cancelled": "request.cancelled",
-                    "abandoned": "request.abandoned", "failed": "request.failed"}[outcome.kind]
-            rec.event(env.now, kind, "client", turn.turn_id, float(outcome.output_tokens), outcome.reason)
+            rec.event(env.now, OUTCOME_EVENT[outcome.kind], "client", turn.turn_id, float(outcome.output_tokens),
+                      outcome.reason)
             self.w.outcome_log.append((env.now, outcome.kind == "completed"))
             if turn.version is not None and outcome.kind in ("completed", "failed"):
                 ttft = self.w.turn_ttft.pop(turn.turn_id, None)

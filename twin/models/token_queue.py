@@ -119,7 +119,7 @@ class TokenQueue:
 
     def kick(self) -> None:
         """Release entries, highest priority first, while their model has a replica with room."""
-        if self._kicking:
+        if self._kicking or not self._heap:  # nothing queued: the usual case when a generation ends
             return
         self._kicking = True
         try:
