@@ -29,6 +29,13 @@ class Outcome:
     generated_tokens: int = 0  # streamed back by this attempt's generations (tool call included, resumed part not)
 
 
+def _first_mark(a: int | None, b: int | None) -> int | None:
+    """The smaller of two output-token marks, either of which may be None (None when both are)."""
+    if a is None:
+        return b
+    return a if b is None or a <= b else b
+
+
 def first_token_or_timeout(env: simpy.Environment, st: Stream, timers: CallOffTimers,
                            timeout_s: float | None) -> simpy.Event:
     """What a client waits on for its first token: ``st.first | env.timeout(timeout_s)`` (``st.first``
@@ -73,15 +80,20 @@ def first_token_or_timeout(env: simpy.Environment, st: Stream, timers: CallOffTi
 
 
 class Stream:
-    """The client's view of one generation's token stream.
+    """The client's view of one generation's token stream, and the generation's callbacks.
 
     ``first_seen`` is set at the first token; ``first`` is an event only while the client waits for that
     token (an event nobody waits on would still cost a trip through SimPy's queue). ``done`` succeeds when
     the generation ends.
+
+    The queue entry's ``on_dispatch`` and the engine request's ``on_tokens`` / ``on_finished`` are this
+    object's methods (set up by :meth:`Generations.generate`) rather than closures over the generation's
+    locals: a turn then allocates one object where it allocated three functions and ~17 cells.
     """
 
     __slots__ = ("first", "first_seen", "done", "delivered", "cancel_at", "cancel_reason", "disconnect_at",
-                 "cancelled", "req", "handle")
+                 "cancelled", "req", "handle", "gens", "turn", "seq", "record", "output_tokens", "output_offset",
+                 "max_tokens")
 
     def __init__(self, env: simpy.Environment) -> None:
         self.first: simpy.Event | None = None
@@ -94,6 +106,68 @@ class Stream:
         self.cancelled = False
         self.req: EngineRequest | None = None
         self.handle = None
+        # the generation this stream belongs to (``generation``)
+        self.gens: Generations | None = None
+        self.turn: Turn | None = None
+        self.seq: TokenSeq | None = None
+        self.record = None
+        self.output_tokens = 0
+        self.output_offset = 0
+        self.max_tokens = 0
+
+    def generation(self, gens: Generations, turn: Turn, seq: TokenSeq, output_tokens: int, record,
+                   output_offset: int, max_tokens: int) -> Stream:
+        self.gens, self.turn, self.seq, self.record = gens, turn, seq, record
+        self.output_tokens, self.output_offset, self.max_tokens = output_tokens, output_offset, max_tokens
+        return self
+
+    def dispatch(self, entry: QueueEntry, handle) -> None:
+        """The queue entry's ``on_dispatch``: submit the generation to the chosen replica."""
+        self.gens._submit(entry, handle, self)
+
+    def on_tokens(self, r: EngineRequest, m: int, t: float) -> None:
+        """The engine request's ``on_tokens``: the first token, and output reaching ``watch_output``."""
+        self.delivered = r.num_output
+        turn = self.turn
+        if not self.first_seen:
+            self.first_seen = True
+            if self.first is not None:
+                self.first.succeed()
+            if not turn.first_token_seen:
+                w = self.gens.w
+                turn.first_token_seen = True
+                w.rec.event(t, "request.first_token", "client", turn.turn_id, float(r.num_cached_tokens or 0))
+                w.ttft_log.append((t, t - turn.arrival_s))
+                if turn.version is not None:
+                    w.turn_ttft[turn.turn_id] = t - turn.arrival_s
+        if self.disconnect_at is not None and r.num_output >= self.disconnect_at:
+            self.disconnect_at = None
+            gens = self.gens
+            gens.w.rec.event(t, "stream.disconnected", "client", turn.turn_id, float(r.num_output))
+            gens.env.process(gens._reconnect(turn, self))
+        if self.cancel_at is not None and r.num_output >= self.cancel_at and not self.cancelled:
+            self.cancelled = True
+            self.handle.replica.cancel(r, self.cancel_reason)
+        r.watch_output = _first_mark(self.cancel_at if not self.cancelled else None, self.disconnect_at)
+
+    def on_finished(self, r: EngineRequest) -> None:
+        """The engine request's ``on_finished``."""
+        w = self.gens.w
+        self.delivered = r.num_output
+        record = self.record
+        if record is not None:  # streamed batches persisted so far bound what a resume can recover
+            record.persisted_tokens = max(record.persisted_tokens,
+                                          w.conversation.persisted(self.output_offset + r.num_output))
+        w.router.done(r.tag.facts, self.handle.scope)
+        w.queue.drained(r.prompt_tokens + r.num_output)
+        if not self.done.triggered:
+            self.done.succeed()
+        # The engine calls neither again (it finishes a request once, after its last tokens). Dropping
+        # them (and the tag, the queue entry) breaks the cycle request -> callback -> stream -> request, so
+        # the generation's objects are freed by reference counting now instead of by the cyclic collector,
+        # which a fleet run otherwise spends ~10% of its time in (tests/test_gc_cycles.py).
+        r.on_tokens = r.on_finished = r.tag = None
+        w.queue.kick()
 
 
 class Generations:
@@ -198,8 +272,7 @@ class Generations:
                 st.disconnect_at = int(rng.integers(1, output_tokens + 1))
         entry = QueueEntry(facts=facts, tokens=prompt_tokens + output_tokens, priority=0, arrival_s=env.now,
                            allowed_regions=facts.allowed_regions, pool=pool)
-        entry.on_dispatch = lambda e, handle: self._submit(e, handle, seq, st, turn, output_tokens, record,
-                                                           output_offset, max_tokens)
+        entry.on_dispatch = st.generation(self, turn, seq, output_tokens, record, output_offset, max_tokens).dispatch
         deadline = None if w.queue_eta_mode else self.cfg.queue.deadline_s
         item = QueueItem(request_id=gen_id, tier=spec.tenant.tier, tenant=spec.tenant.name,
                          prompt_tokens=prompt_tokens, expected_output_tokens=output_tokens,
@@ -246,63 +319,21 @@ class Generations:
             return Outcome("failed", "replica_failed", output_tokens=0)
         return Outcome("completed", reason, output_tokens=st.req.num_output)
 
-    def _submit(self, entry: QueueEntry, handle, seq: TokenSeq, st: Stream, turn: Turn, output_tokens: int, record,
-                output_offset: int, max_tokens: int, preloaded: tuple[int, float] | None = None) -> None:
-        env = self.env
-        req = EngineRequest(request_id=entry.facts.request_id, arrival_s=env.now, seq=seq, max_tokens=max_tokens,
-                            target_output_tokens=output_tokens, tag=entry)
+    def _submit(self, entry: QueueEntry, handle, st: Stream, preloaded: tuple[int, float] | None = None) -> None:
+        """Submit the generation ``st`` carries to ``handle``'s replica (``st`` takes the engine's callbacks)."""
+        req = EngineRequest(request_id=entry.facts.request_id, arrival_s=self.env.now, seq=st.seq,
+                            max_tokens=st.max_tokens, target_output_tokens=st.output_tokens, tag=entry)
         if preloaded is not None:  # disaggregated decode: the prompt's KV and the first token arrived
             req.prompt_tokens, t_first = preloaded
             req.kv_preloaded = req.prompt_tokens
             req.num_output = 1
             req.first_token_s = req.last_token_s = t_first
-        req.group = turn.session.tenant.tier
+        req.group = st.turn.session.tenant.tier
         st.req = req
         st.handle = handle
-        marks = [x for x in (st.cancel_at, st.disconnect_at) if x is not None]
-        req.watch_output = min(marks) if marks else None
-
-        conv = self.w.conversation
-
-        def on_tokens(r: EngineRequest, m: int, t: float) -> None:
-            st.delivered = r.num_output
-            if not st.first_seen:
-                st.first_seen = True
-                if st.first is not None:
-                    st.first.succeed()
-                if not turn.first_token_seen:
-                    turn.first_token_seen = True
-                    self.w.rec.event(t, "request.first_token", "client", turn.turn_id, float(r.num_cached_tokens or 0))
-                    self.w.ttft_log.append((t, t - turn.arrival_s))
-                    if turn.version is not None:
-                        self.w.turn_ttft[turn.turn_id] = t - turn.arrival_s
-            if st.disconnect_at is not None and r.num_output >= st.disconnect_at:
-                st.disconnect_at = None
-                self.w.rec.event(t, "stream.disconnected", "client", turn.turn_id, float(r.num_output))
-                env.process(self._reconnect(turn, st))
-            if st.cancel_at is not None and r.num_output >= st.cancel_at and not st.cancelled:
-                st.cancelled = True
-                handle.replica.cancel(r, st.cancel_reason)
-            marks = [x for x in (st.cancel_at if not st.cancelled else None, st.disconnect_at) if x is not None]
-            r.watch_output = min(marks) if marks else None
-
-        def on_finished(r: EngineRequest) -> None:
-            st.delivered = r.num_output
-            if record is not None:  # streamed batches persisted so far bound what a resume can recover
-                record.persisted_tokens = max(record.persisted_tokens, conv.persisted(output_offset + r.num_output))
-            self.w.router.done(entry.facts, handle.scope)
-            self.w.queue.drained(r.prompt_tokens + r.num_output)
-            if not st.done.triggered:
-                st.done.succeed()
-            # The engine calls neither again (it finishes a request once, after its last tokens). Dropping
-            # them (and the tag, the queue entry) breaks the cycle request -> callback -> stream -> request, so
-            # the generation's objects are freed by reference counting now instead of by the cyclic collector,
-            # which a fleet run otherwise spends ~10% of its time in (tests/test_gc_cycles.py).
-            r.on_tokens = r.on_finished = r.tag = None
-            self.w.queue.kick()
-
-        req.on_tokens = on_tokens
-        req.on_finished = on_finished
+        req.watch_output = _first_mark(st.cancel_at, st.disconnect_at)
+        req.on_tokens = st.on_tokens
+        req.on_finished = st.on_finished
         handle.replica.submit(req)
 
     def _reconnect(self, turn: Turn, st: Stream):
@@ -369,13 +400,12 @@ class Generations:
             return Outcome("failed", "no_decode_replica", output_tokens=1)
         w.router.sent(facts, decision.replica_id)
         handle = w.router.by_id[decision.replica_id]
-        st = Stream(env)
+        max_tokens = output_tokens if w.output_cap is None else min(output_tokens, w.output_cap)
+        st = Stream(env).generation(self, turn, seq, output_tokens, record, output_offset, max(max_tokens, 2))
         st.first_seen = True
         entry = QueueEntry(facts=facts, tokens=prompt_tokens + output_tokens, priority=0, arrival_s=env.now,
                            allowed_regions=allowed, pool="decode", replica_id=decision.replica_id, is_dispatched=True)
-        max_tokens = output_tokens if w.output_cap is None else min(output_tokens, w.output_cap)
-        self._submit(entry, handle, seq, st, turn, output_tokens, record, output_offset, max(max_tokens, 2),
-                     preloaded=(prompt_tokens, t_first))
+        self._submit(entry, handle, st, preloaded=(prompt_tokens, t_first))
         yield st.done
         reason = st.req.finished_reason
         if st.cancelled:
