@@ -135,9 +135,10 @@ class Clients:
                 yield env.timeout(wait)
                 attempt += 1
                 continue
-            rec.event(env.now, OUTCOME_EVENT[outcome.kind], "client", turn.turn_id, float(outcome.output_tokens),
+            now = env.now
+            rec.event(now, OUTCOME_EVENT[outcome.kind], "client", turn.turn_id, float(outcome.output_tokens),
                       outcome.reason)
-            self.w.outcome_log.append((env.now, outcome.kind == "completed"))
+            self.w.outcome_log.append((now, outcome.kind == "completed"))
             if turn.version is not None and outcome.kind in ("completed", "failed"):
                 ttft = self.w.turn_ttft.pop(turn.turn_id, None)
                 dur = env.now - turn.arrival_s - (ttft or 0.0)

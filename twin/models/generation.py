@@ -250,19 +250,21 @@ class Generations:
         if w.burst_share > 0 and self.rng.random() < w.burst_share and self._provider_ok():
             out = yield from self._burst(turn, max_tokens)
             return out
-        mcfg = self.cfg.models[model]
+        # time does not move before the first yield below: read the clock once
+        now = env.now
+        block_size = self.cfg.models[model].engine.block_size
         gen_id = f"{turn.turn_id}/{gen}"
-        seq = TokenSeq(pieces, block_size=mcfg.engine.block_size, output_segment=output_segment,
-                       output_offset=output_offset)
-        n_hash = prompt_tokens // mcfg.engine.block_size
-        facts = RequestFacts(request_id=gen_id, tenant=spec.tenant.name, tier=spec.tenant.tier,
+        tenant = spec.tenant
+        seq = TokenSeq(pieces, block_size=block_size, output_segment=output_segment, output_offset=output_offset)
+        n_hash = prompt_tokens // block_size
+        facts = RequestFacts(request_id=gen_id, tenant=tenant.name, tier=tenant.tier,
                              session_id=spec.session_id, prompt_tokens=prompt_tokens,
                              expected_output_tokens=output_tokens, block_hashes=tuple(seq.block_hashes(n_hash)),
                              model=model, region=turn.region or spec.region,
-                             allowed_regions=tuple(spec.tenant.residency) if spec.tenant.residency else None,
+                             allowed_regions=tuple(tenant.residency) if tenant.residency else None,
                              needs_long_context=turn.klass == "long_context")
         st = Stream(env)
-        if turn.klass not in ("background",):
+        if turn.klass != "background":
             if rng.random() < ccfg.cancel_share:
                 st.cancel_at = int(rng.integers(1, output_tokens + 1))
             elif rng.random() < w.conversation.cfg.moderation_cut_share:
@@ -270,22 +272,22 @@ class Generations:
                 st.cancel_reason = "moderation_cut"
             if rng.random() < ccfg.disconnect_share:
                 st.disconnect_at = int(rng.integers(1, output_tokens + 1))
-        entry = QueueEntry(facts=facts, tokens=prompt_tokens + output_tokens, priority=0, arrival_s=env.now,
+        entry = QueueEntry(facts=facts, tokens=prompt_tokens + output_tokens, priority=0, arrival_s=now,
                            allowed_regions=facts.allowed_regions, pool=pool)
         entry.on_dispatch = st.generation(self, turn, seq, output_tokens, record, output_offset, max_tokens).dispatch
         deadline = None if w.queue_eta_mode else self.cfg.queue.deadline_s
-        item = QueueItem(request_id=gen_id, tier=spec.tenant.tier, tenant=spec.tenant.name,
+        item = QueueItem(request_id=gen_id, tier=tenant.tier, tenant=tenant.name,
                          prompt_tokens=prompt_tokens, expected_output_tokens=output_tokens,
-                         deadline_s=None if deadline is None else env.now + deadline, arrival_s=env.now)
+                         deadline_s=None if deadline is None else now + deadline, arrival_s=now)
         decision = w.queue.offer(entry, item)
         if not decision.accept:
             return Outcome("rejected", decision.reason, getattr(decision, "retry_after_s", None))
-        w.rec.event(env.now, "request.queued", "queue", turn.turn_id, float(decision.eta_s), gen)
+        w.rec.event(now, "request.queued", "queue", turn.turn_id, float(decision.eta_s), gen)
         patience = None if turn.klass == "background" else ccfg.patience_s
         if w.queue_eta_mode and patience is not None and decision.eta_s > patience and not entry.is_dispatched:
             w.queue.remove(entry)  # told an honest ETA longer than they will wait, users leave at once
             return Outcome("abandoned", "eta_too_long")
-        t0 = env.now
+        t0 = now
         if not entry.is_dispatched:  # usually it left the queue inside offer(); else wait for it
             entry.dispatched = env.event()
             limits = [x for x in (patience, deadline) if x is not None]
