@@ -21,7 +21,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from twin.policies.family import MonotoneClock, PolicyBase, PolicyFamily, PolicyParams
 from twin.policies.prng import mix64, stable_hash_str
-from twin.policies.refill import RefillSchedule
 from twin.policies.types import check_request
 from twin.registry import Registry
 
@@ -37,7 +36,6 @@ TOKEN_EPS = 1e-6
 TIME_EPS_S = 1e-9
 """An entry of a sliding window leaves it once ``now_s - t_s >= window_s - TIME_EPS_S``."""
 _PRUNE_EVERY = 4096  # commits between sweeps that drop state equal to a fresh one
-_REFILL_SLACK = 1024  # stale refill entries (beyond two per bucket) a sweep tolerates before a rebuild
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +167,6 @@ class _Bucket:
     level: float
     t_s: float
     tier: str
-    due_s: float = math.inf  # when it can be full again: its entry in the policy's RefillSchedule
 
 
 @ADMISSIONS.register("token_bucket")
@@ -191,7 +188,6 @@ class TokenBucketAdmission(BaseAdmission):
     def __init__(self, params: AdmissionParams, *, seed: int) -> None:
         super().__init__(params, seed=seed)
         self._buckets: dict[str, _Bucket] = {}
-        self._refill = RefillSchedule()  # which buckets a prune should look at (twin/policies/refill.py)
         self._charged: dict[str, tuple[str, str, int]] = {}  # request_id -> (user_id, tier, tokens)
         self._commits = 0
 
@@ -227,7 +223,7 @@ class TokenBucketAdmission(BaseAdmission):
     def commit(self, req: AdmissionRequest, now_s: float) -> None:
         self._tick(now_s)
         level = self._level(req.user_id, *self.limits(req.tier), now_s)
-        self._set(req.user_id, req.tier, level - (req.prompt_tokens + req.expected_output_tokens), now_s, spent=True)
+        self._set(req.user_id, req.tier, level - (req.prompt_tokens + req.expected_output_tokens), now_s)
         if self.params.true_up:
             self._charged[req.request_id] = (req.user_id, req.tier, req.total_tokens)
         self._commits += 1
@@ -243,24 +239,29 @@ class TokenBucketAdmission(BaseAdmission):
         rate, burst = self.limits(tier)
         self._set(user_id, tier, min(burst, self._level(user_id, rate, burst, now_s) + tokens - actual_tokens), now_s)
 
-    def _set(self, user_id: str, tier: str, level: float, now_s: float, spent: bool = False) -> None:
-        """``spent``: the new level is the refilled one less a cost, so the bucket is full no sooner than
-        its entry says (under the same tier): the entry stands."""
+    def _set(self, user_id: str, tier: str, level: float, now_s: float) -> None:
         b = self._buckets.get(user_id)
         if b is None:
-            b = self._buckets[user_id] = _Bucket(level, now_s, tier)
+            self._buckets[user_id] = _Bucket(level, now_s, tier)
         else:
-            keep = spent and b.tier == tier and b.due_s < math.inf
             b.level, b.t_s, b.tier = level, now_s, tier
-            if keep:
-                return
-        self._refill.note(user_id, b, *self.limits(tier))
 
     def _prune(self, now_s: float) -> None:
         """Forget buckets that are full again under their last tier's limits: such a bucket is the same
-        as a fresh one (except that a user coming back on a bigger tier then starts full). Only buckets
-        whose refill time has come are looked at (``RefillSchedule.sweep``)."""
-        self._refill.sweep(self._buckets, self.limits, now_s, _REFILL_SLACK)
+        as a fresh one (except that a user coming back on a bigger tier then starts full)."""
+        # level(u, tier) >= burst, spelled out with each tier's limits looked up once: one pass per 4,096
+        # commits over every user the gateway remembers
+        full = []
+        tier_limits: dict[str, tuple[float, float]] = {}
+        for u, b in self._buckets.items():
+            lim = tier_limits.get(b.tier)
+            if lim is None:
+                lim = tier_limits[b.tier] = self.limits(b.tier)
+            rate, burst = lim
+            if min(burst, b.level + (now_s - b.t_s) * rate) >= burst:
+                full.append(u)
+        for user_id in full:
+            del self._buckets[user_id]
 
 
 # ---------------------------------------------------------------------------------------- tenant quota
