@@ -9,13 +9,39 @@ arrived turn ends in exactly one outcome: completed, cancelled, rejected (with a
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from twin.models.generation import Generations, Outcome
 from twin.models.population import LengthDraw, SessionSpec
-from twin.rng import stable_hash, stream
+from twin.rng import stream
 
 RETRYABLE = {"user_rate_limited", "tenant_quota_exceeded", "queue_full", "replica_failed", "region_unreachable"}
+OUTCOME_EVENT = {"completed": "request.finished", "rejected": "request.rejected", "cancelled": "request.cancelled",
+                 "abandoned": "request.abandoned", "failed": "request.failed"}  # outcome kind -> event kind
+
+
+class SegmentHash:
+    """``stable_hash(f"{prefix}/{key}")`` for one fixed prefix (``twin.rng.stable_hash``: the first 63 bits of
+    the string's 8-byte BLAKE2b digest), from a copy of the hash state after the prefix: the same digest, since
+    BLAKE2b hashes a stream and ``prefix/key`` is the stream ``prefix/`` then ``key``, without building the
+    string and the hash object's arguments each time (a turn hashes two or three such names)."""
+
+    __slots__ = ("_head",)
+
+    def __init__(self, prefix: str) -> None:
+        self._head = hashlib.blake2b(f"{prefix}/".encode("utf-8"), digest_size=8)
+
+    def __call__(self, key: str) -> int:
+        h = self._head.copy()
+        h.update(key.encode("utf-8"))
+        return int.from_bytes(h.digest(), "big") >> 1
+
+
+NORMALS_BATCH = 512  # standard normal draws for lengths taken from numpy at a time (Clients._draw_length)
+
+MESSAGE_SEG, ANSWER_SEG, RETRIEVED_SEG, TOOLCALL_SEG, TOOLRESULT_SEG = (
+    SegmentHash(p) for p in ("message", "answer", "retrieved", "toolcall", "toolresult"))
 
 
 @dataclass(slots=True)
@@ -41,6 +67,12 @@ class Clients:
         self.cfg = world.cfg
         self.rng = stream(seed, replication, "client.behaviour")
         self.lengths = stream(seed, replication, "workload.lengths")
+        # Every draw from ``lengths`` is one standard normal (LengthDraw), so they are drawn NORMALS_BATCH at a
+        # time: numpy fills an array with the same values, in the same order, as that many single draws, and
+        # a list index costs far less than a call into numpy (tests/test_population_draws.py). The stream is
+        # left further on than it would be, which nothing reads.
+        self._normals: list[float] = []
+        self._normal_i = 0
         self.tool_runs: dict[str, int] = {}  # idempotent executor: key -> executions
         self.gen = Generations(world, rng=self.rng)
         self._length_draws: dict[str, LengthDraw] = {}
@@ -51,7 +83,12 @@ class Clients:
         draw = self._length_draws.get(field)
         if draw is None:
             draw = self._length_draws[field] = LengthDraw(getattr(self.cfg.traffic, field))
-        return draw(self.lengths)
+        i = self._normal_i
+        if i == len(self._normals):
+            self._normals = self.lengths.standard_normal(NORMALS_BATCH).tolist()
+            i = 0
+        self._normal_i = i + 1
+        return draw.of_normal(self._normals[i])
 
     # ---- sessions and turns --------------------------------------------------------------------
     def session(self, spec: SessionSpec):
@@ -77,7 +114,9 @@ class Clients:
             if outcome.kind != "completed":
                 break  # a user whose turn failed or who gave up leaves the session
             if k + 1 < spec.turns:
-                yield env.timeout(self.rng.exponential(tr.think_time_s))
+                # rng.exponential(scale) is scale * one standard exponential draw in numpy: the same float and
+                # stream position, without exponential's per-call argument checks
+                yield env.timeout(tr.think_time_s * self.rng.standard_exponential())
         self.w.conversation.end_session(spec.session_id)
 
     def turn(self, turn: Turn):
@@ -96,10 +135,10 @@ class Clients:
                 yield env.timeout(wait)
                 attempt += 1
                 continue
-            kind = {"completed": "request.finished", "rejected": "request.rejected", "cancelled": "request.cancelled",
-                    "abandoned": "request.abandoned", "failed": "request.failed"}[outcome.kind]
-            rec.event(env.now, kind, "client", turn.turn_id, float(outcome.output_tokens), outcome.reason)
-            self.w.outcome_log.append((env.now, outcome.kind == "completed"))
+            now = env.now
+            rec.event(now, OUTCOME_EVENT[outcome.kind], "client", turn.turn_id, float(outcome.output_tokens),
+                      outcome.reason)
+            self.w.outcome_log.append((now, outcome.kind == "completed"))
             if turn.version is not None and outcome.kind in ("completed", "failed"):
                 ttft = self.w.turn_ttft.pop(turn.turn_id, None)
                 dur = env.now - turn.arrival_s - (ttft or 0.0)
@@ -156,13 +195,13 @@ class Clients:
         spec = turn.session
         if conv.cfg.history_load_s:
             yield env.timeout(conv.cfg.history_load_s)
-        message_seg = stable_hash(f"message/{turn.turn_id}")
-        answer_seg = stable_hash(f"answer/{turn.turn_id}")
+        message_seg = MESSAGE_SEG(turn.turn_id)
+        answer_seg = ANSWER_SEG(turn.turn_id)
         extra: list[tuple[int, int]] = []
         if turn.klass == "retrieval":
             if tr.retrieval_latency_s:
                 yield env.timeout(tr.retrieval_latency_s)
-            extra.append((stable_hash(f"retrieved/{turn.turn_id}"), tr.retrieval_tokens))
+            extra.append((RETRIEVED_SEG(turn.turn_id), tr.retrieval_tokens))
         if spec.trace is not None:
             pieces, prompt_tokens = list(spec.trace.pieces), spec.trace.prompt_tokens
         else:
@@ -178,7 +217,7 @@ class Clients:
             w.rec.event(env.now, "request.resumed", "client", turn.turn_id, float(resume))
         called = 0  # tokens the tool call streamed back
         if turn.klass == "tool" and not resume:
-            call_seg = stable_hash(f"toolcall/{turn.turn_id}")
+            call_seg = TOOLCALL_SEG(turn.turn_id)
             call_tokens = 60
             first = yield from self.gen.generate(turn, pieces=pieces, prompt_tokens=prompt_tokens, output_tokens=call_tokens,
                                              output_segment=call_seg, gen="g0", needs_tools=True)
@@ -189,7 +228,7 @@ class Clients:
                 return first
             reason = yield from self.tool_step(turn)
             pieces = [*pieces, ("seg", (call_seg, call_tokens)),
-                      ("seg", (stable_hash(f"toolresult/{turn.turn_id}"), tr.tool_result_tokens))]
+                      ("seg", (TOOLRESULT_SEG(turn.turn_id), tr.tool_result_tokens))]
             prompt_tokens += call_tokens + tr.tool_result_tokens
         outcome = yield from self.gen.generate(turn, pieces=pieces, prompt_tokens=prompt_tokens,
                                            output_tokens=turn.output_tokens - resume, output_segment=answer_seg,

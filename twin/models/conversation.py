@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from twin.fleet_config import ConversationConfig, TenantConfig
 from twin.rng import stable_hash
 
+_NO_HISTORY: list = []  # read only
+
 
 @dataclass(slots=True)
 class HistoryTurn:
@@ -92,10 +94,14 @@ class ConversationService:
         Returns (pieces, prompt_tokens, history_turns_dropped).
         """
         head, n = self._tenant_head(tenant)
-        tail: list[tuple[str, object]] = [("seg", e) for e in extra if e[1] > 0]
-        tail.append(("seg", (message_seg, message_tokens)))
-        n_tail = sum(e[1] for e in extra) + message_tokens
-        hist = self.history.get(session_id, [])
+        if extra:
+            tail: list[tuple[str, object]] = [("seg", e) for e in extra if e[1] > 0]
+            tail.append(("seg", (message_seg, message_tokens)))
+            n_tail = sum(e[1] for e in extra) + message_tokens
+        else:  # most turns: the message alone
+            tail = [("seg", (message_seg, message_tokens))]
+            n_tail = message_tokens
+        hist = self.history.get(session_id, _NO_HISTORY)
         budget = self.cfg.context_budget_tokens - n - n_tail
         keep: list[HistoryTurn] = []
         used = 0

@@ -1,15 +1,14 @@
 """One generation on the fleet: model choice (tier routing, capability, residency, canary), the token-aware
-queue, the router and a replica, the client's view of the stream, and the two alternative paths — split
-prefill/decode pools and bursting to an external API provider."""
+queue, the router and a replica (the client's view of the stream is ``twin.models.stream``), and the two
+alternative paths — split prefill/decode pools and bursting to an external API provider."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import simpy
-
 from twin.models.request import EngineRequest
+from twin.models.stream import Stream, first_mark, first_token_or_timeout
 from twin.models.token_queue import QueueEntry
 from twin.models.tokens import TokenSeq
 from twin.models.waits import CallOffTimers, first_of
@@ -27,73 +26,6 @@ class Outcome:
     retry_after_s: float | None = None
     output_tokens: int = 0
     generated_tokens: int = 0  # streamed back by this attempt's generations (tool call included, resumed part not)
-
-
-def first_token_or_timeout(env: simpy.Environment, st: Stream, timers: CallOffTimers,
-                           timeout_s: float | None) -> simpy.Event:
-    """What a client waits on for its first token: ``st.first | env.timeout(timeout_s)`` (``st.first``
-    alone without a timeout), with one event and one resume less in the usual case, and the timeout
-    from ``timers`` (it is called off at the first token).
-
-    The generation code does nothing when it resumes from the first token but wait for ``st.done``. So
-    when the first token is processed while ``st.done`` is still pending, the waiting process is moved
-    onto ``st.done`` (it would have been waiting there from this moment anyway) instead of being resumed
-    through an event of its own, which would only put it there. Otherwise (the stream already ended, or
-    the timeout came first) the event returned is scheduled exactly when ``st.first | timeout`` would be
-    (without a timeout: the process resumes with ``st.first`` and then waits for ``st.done``, so it is
-    moved whenever ``st.done`` can still be waited on).
-    """
-    waiter = env.event()
-    decided = False
-
-    def on_first(_event: simpy.Event) -> None:
-        nonlocal decided
-        if decided:
-            return
-        decided = True
-        if timer is not None:
-            timers.call_off(timer)
-        done = st.done
-        if done.callbacks is not None and (timeout_s is None or not done.triggered):
-            done.callbacks.extend(waiter.callbacks)  # type: ignore[arg-type]
-            waiter.callbacks.clear()  # type: ignore[union-attr]
-        else:
-            waiter.succeed()
-
-    def on_timeout() -> None:
-        nonlocal decided
-        if decided:
-            return
-        decided = True
-        waiter.succeed()
-
-    timer = None if timeout_s is None else timers.start(timeout_s, on_timeout)
-    st.first.callbacks.append(on_first)  # type: ignore[union-attr]
-    return waiter
-
-
-class Stream:
-    """The client's view of one generation's token stream.
-
-    ``first_seen`` is set at the first token; ``first`` is an event only while the client waits for that
-    token (an event nobody waits on would still cost a trip through SimPy's queue). ``done`` succeeds when
-    the generation ends.
-    """
-
-    __slots__ = ("first", "first_seen", "done", "delivered", "cancel_at", "cancel_reason", "disconnect_at",
-                 "cancelled", "req", "handle")
-
-    def __init__(self, env: simpy.Environment) -> None:
-        self.first: simpy.Event | None = None
-        self.first_seen = False
-        self.done = env.event()
-        self.delivered = 0
-        self.cancel_at: int | None = None
-        self.cancel_reason = "user_cancelled"
-        self.disconnect_at: int | None = None
-        self.cancelled = False
-        self.req: EngineRequest | None = None
-        self.handle = None
 
 
 class Generations:
@@ -176,19 +108,21 @@ class Generations:
         if w.burst_share > 0 and self.rng.random() < w.burst_share and self._provider_ok():
             out = yield from self._burst(turn, max_tokens)
             return out
-        mcfg = self.cfg.models[model]
+        # time does not move before the first yield below: read the clock once
+        now = env.now
+        block_size = self.cfg.models[model].engine.block_size
         gen_id = f"{turn.turn_id}/{gen}"
-        seq = TokenSeq(pieces, block_size=mcfg.engine.block_size, output_segment=output_segment,
-                       output_offset=output_offset)
-        n_hash = prompt_tokens // mcfg.engine.block_size
-        facts = RequestFacts(request_id=gen_id, tenant=spec.tenant.name, tier=spec.tenant.tier,
+        tenant = spec.tenant
+        seq = TokenSeq(pieces, block_size=block_size, output_segment=output_segment, output_offset=output_offset)
+        n_hash = prompt_tokens // block_size
+        facts = RequestFacts(request_id=gen_id, tenant=tenant.name, tier=tenant.tier,
                              session_id=spec.session_id, prompt_tokens=prompt_tokens,
                              expected_output_tokens=output_tokens, block_hashes=tuple(seq.block_hashes(n_hash)),
                              model=model, region=turn.region or spec.region,
-                             allowed_regions=tuple(spec.tenant.residency) if spec.tenant.residency else None,
+                             allowed_regions=tuple(tenant.residency) if tenant.residency else None,
                              needs_long_context=turn.klass == "long_context")
         st = Stream(env)
-        if turn.klass not in ("background",):
+        if turn.klass != "background":
             if rng.random() < ccfg.cancel_share:
                 st.cancel_at = int(rng.integers(1, output_tokens + 1))
             elif rng.random() < w.conversation.cfg.moderation_cut_share:
@@ -196,23 +130,22 @@ class Generations:
                 st.cancel_reason = "moderation_cut"
             if rng.random() < ccfg.disconnect_share:
                 st.disconnect_at = int(rng.integers(1, output_tokens + 1))
-        entry = QueueEntry(facts=facts, tokens=prompt_tokens + output_tokens, priority=0, arrival_s=env.now,
+        entry = QueueEntry(facts=facts, tokens=prompt_tokens + output_tokens, priority=0, arrival_s=now,
                            allowed_regions=facts.allowed_regions, pool=pool)
-        entry.on_dispatch = lambda e, handle: self._submit(e, handle, seq, st, turn, output_tokens, record,
-                                                           output_offset, max_tokens)
+        entry.on_dispatch = st.generation(self, turn, seq, output_tokens, record, output_offset, max_tokens).dispatch
         deadline = None if w.queue_eta_mode else self.cfg.queue.deadline_s
-        item = QueueItem(request_id=gen_id, tier=spec.tenant.tier, tenant=spec.tenant.name,
+        item = QueueItem(request_id=gen_id, tier=tenant.tier, tenant=tenant.name,
                          prompt_tokens=prompt_tokens, expected_output_tokens=output_tokens,
-                         deadline_s=None if deadline is None else env.now + deadline, arrival_s=env.now)
+                         deadline_s=None if deadline is None else now + deadline, arrival_s=now)
         decision = w.queue.offer(entry, item)
         if not decision.accept:
             return Outcome("rejected", decision.reason, getattr(decision, "retry_after_s", None))
-        w.rec.event(env.now, "request.queued", "queue", turn.turn_id, float(decision.eta_s), gen)
+        w.rec.event(now, "request.queued", "queue", turn.turn_id, float(decision.eta_s), gen)
         patience = None if turn.klass == "background" else ccfg.patience_s
         if w.queue_eta_mode and patience is not None and decision.eta_s > patience and not entry.is_dispatched:
             w.queue.remove(entry)  # told an honest ETA longer than they will wait, users leave at once
             return Outcome("abandoned", "eta_too_long")
-        t0 = env.now
+        t0 = now
         if not entry.is_dispatched:  # usually it left the queue inside offer(); else wait for it
             entry.dispatched = env.event()
             limits = [x for x in (patience, deadline) if x is not None]
@@ -246,63 +179,21 @@ class Generations:
             return Outcome("failed", "replica_failed", output_tokens=0)
         return Outcome("completed", reason, output_tokens=st.req.num_output)
 
-    def _submit(self, entry: QueueEntry, handle, seq: TokenSeq, st: Stream, turn: Turn, output_tokens: int, record,
-                output_offset: int, max_tokens: int, preloaded: tuple[int, float] | None = None) -> None:
-        env = self.env
-        req = EngineRequest(request_id=entry.facts.request_id, arrival_s=env.now, seq=seq, max_tokens=max_tokens,
-                            target_output_tokens=output_tokens, tag=entry)
+    def _submit(self, entry: QueueEntry, handle, st: Stream, preloaded: tuple[int, float] | None = None) -> None:
+        """Submit the generation ``st`` carries to ``handle``'s replica (``st`` takes the engine's callbacks)."""
+        req = EngineRequest(request_id=entry.facts.request_id, arrival_s=self.env.now, seq=st.seq,
+                            max_tokens=st.max_tokens, target_output_tokens=st.output_tokens, tag=entry)
         if preloaded is not None:  # disaggregated decode: the prompt's KV and the first token arrived
             req.prompt_tokens, t_first = preloaded
             req.kv_preloaded = req.prompt_tokens
             req.num_output = 1
             req.first_token_s = req.last_token_s = t_first
-        req.group = turn.session.tenant.tier
+        req.group = st.turn.session.tenant.tier
         st.req = req
         st.handle = handle
-        marks = [x for x in (st.cancel_at, st.disconnect_at) if x is not None]
-        req.watch_output = min(marks) if marks else None
-
-        conv = self.w.conversation
-
-        def on_tokens(r: EngineRequest, m: int, t: float) -> None:
-            st.delivered = r.num_output
-            if not st.first_seen:
-                st.first_seen = True
-                if st.first is not None:
-                    st.first.succeed()
-                if not turn.first_token_seen:
-                    turn.first_token_seen = True
-                    self.w.rec.event(t, "request.first_token", "client", turn.turn_id, float(r.num_cached_tokens or 0))
-                    self.w.ttft_log.append((t, t - turn.arrival_s))
-                    if turn.version is not None:
-                        self.w.turn_ttft[turn.turn_id] = t - turn.arrival_s
-            if st.disconnect_at is not None and r.num_output >= st.disconnect_at:
-                st.disconnect_at = None
-                self.w.rec.event(t, "stream.disconnected", "client", turn.turn_id, float(r.num_output))
-                env.process(self._reconnect(turn, st))
-            if st.cancel_at is not None and r.num_output >= st.cancel_at and not st.cancelled:
-                st.cancelled = True
-                handle.replica.cancel(r, st.cancel_reason)
-            marks = [x for x in (st.cancel_at if not st.cancelled else None, st.disconnect_at) if x is not None]
-            r.watch_output = min(marks) if marks else None
-
-        def on_finished(r: EngineRequest) -> None:
-            st.delivered = r.num_output
-            if record is not None:  # streamed batches persisted so far bound what a resume can recover
-                record.persisted_tokens = max(record.persisted_tokens, conv.persisted(output_offset + r.num_output))
-            self.w.router.done(entry.facts, handle.scope)
-            self.w.queue.drained(r.prompt_tokens + r.num_output)
-            if not st.done.triggered:
-                st.done.succeed()
-            # The engine calls neither again (it finishes a request once, after its last tokens). Dropping
-            # them (and the tag, the queue entry) breaks the cycle request -> callback -> stream -> request, so
-            # the generation's objects are freed by reference counting now instead of by the cyclic collector,
-            # which a fleet run otherwise spends ~10% of its time in (tests/test_gc_cycles.py).
-            r.on_tokens = r.on_finished = r.tag = None
-            self.w.queue.kick()
-
-        req.on_tokens = on_tokens
-        req.on_finished = on_finished
+        req.watch_output = first_mark(st.cancel_at, st.disconnect_at)
+        req.on_tokens = st.on_tokens
+        req.on_finished = st.on_finished
         handle.replica.submit(req)
 
     def _reconnect(self, turn: Turn, st: Stream):
@@ -369,13 +260,12 @@ class Generations:
             return Outcome("failed", "no_decode_replica", output_tokens=1)
         w.router.sent(facts, decision.replica_id)
         handle = w.router.by_id[decision.replica_id]
-        st = Stream(env)
+        max_tokens = output_tokens if w.output_cap is None else min(output_tokens, w.output_cap)
+        st = Stream(env).generation(self, turn, seq, output_tokens, record, output_offset, max(max_tokens, 2))
         st.first_seen = True
         entry = QueueEntry(facts=facts, tokens=prompt_tokens + output_tokens, priority=0, arrival_s=env.now,
                            allowed_regions=allowed, pool="decode", replica_id=decision.replica_id, is_dispatched=True)
-        max_tokens = output_tokens if w.output_cap is None else min(output_tokens, w.output_cap)
-        self._submit(entry, handle, seq, st, turn, output_tokens, record, output_offset, max(max_tokens, 2),
-                     preloaded=(prompt_tokens, t_first))
+        self._submit(entry, handle, st, preloaded=(prompt_tokens, t_first))
         yield st.done
         reason = st.req.finished_reason
         if st.cancelled:

@@ -142,7 +142,11 @@ class LengthDraw:
         # rng.lognormal(mu, sigma), spelled as numpy computes it (exp(mu + sigma * z), z one standard normal
         # draw): the same float and the same stream position, without lognormal's per-call argument checks,
         # which cost more than the draw (tests/test_population_draws.py)
-        x = math.exp(self.mu + self.sigma * rng.standard_normal())
+        return self.of_normal(rng.standard_normal())
+
+    def of_normal(self, z: float) -> int:
+        """The length for the standard normal draw ``z`` (what ``__call__`` does with its one draw)."""
+        x = math.exp(self.mu + self.sigma * z)
         return int(min(max(round(x), self.lo), self.hi))
 
 

@@ -56,6 +56,11 @@ class Recorder:
         self.kinds = Labels()
         self.scopes = Labels()
         self.reasons = Labels()
+        # the event columns' append methods, then the labels' index lookups, in the order event() uses them
+        # (the columns and dicts are never replaced, so the bound methods stay valid)
+        self._ev_append = (self.ev_t.append, self.ev_kind.append, self.ev_scope.append, self.ev_request.append,
+                           self.ev_value.append, self.ev_has_value.append, self.ev_reason.append,
+                           self.kinds.index.get, self.scopes.index.get, self.reasons.index.get)
         # levels: the (scope, metric) pair as one code into lv_keys
         self.lv_t = array("d")
         self.lv_key = array("I")
@@ -70,21 +75,23 @@ class Recorder:
 
     def event(self, t_s: float, kind: str, scope: str, request_id: str | None = None, value: float | None = None,
               reason: str | None = None) -> None:
-        self.ev_t.append(t_s)
-        # Labels.code inlined: this runs ~9 times per turn
-        k = self.kinds.index.get(kind)
-        self.ev_kind.append(self.kinds.code(kind) if k is None else k)
-        s = self.scopes.index.get(scope)
-        self.ev_scope.append(self.scopes.code(scope) if s is None else s)
-        self.ev_request.append(request_id)
+        # ~9 calls per turn: the columns' appends and the labels' dicts are bound once (``_bind``), and
+        # Labels.code is inlined for labels seen before
+        t_app, k_app, s_app, id_app, v_app, h_app, r_app, k_get, s_get, r_get = self._ev_append
+        t_app(t_s)
+        k = k_get(kind)
+        k_app(self.kinds.code(kind) if k is None else k)
+        s = s_get(scope)
+        s_app(self.scopes.code(scope) if s is None else s)
+        id_app(request_id)
         if value is None:
-            self.ev_value.append(_NAN)
-            self.ev_has_value.append(0)
+            v_app(_NAN)
+            h_app(0)
         else:
-            self.ev_value.append(value)
-            self.ev_has_value.append(1)
-        r = self.reasons.index.get(reason)
-        self.ev_reason.append(self.reasons.code(reason) if r is None else r)
+            v_app(value)
+            h_app(1)
+        r = r_get(reason)
+        r_app(self.reasons.code(reason) if r is None else r)
 
     def level(self, t_s: float, scope: str, metric: str, value: float) -> None:
         key = (scope, metric)

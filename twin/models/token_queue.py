@@ -77,8 +77,11 @@ class TokenQueue:
 
     # ---- entries ---------------------------------------------------------------------------------
     def snapshot(self):
-        by_pri = self._by_pri
-        by_pri = tuple([(pri, by_pri[pri][1]) for pri in self._pris if by_pri[pri][0] > 0])
+        if self.count == 0:  # nothing queued (the usual case): no class has entries
+            by_pri = ()
+        else:
+            by_pri = self._by_pri
+            by_pri = tuple([(pri, by_pri[pri][1]) for pri in self._pris if by_pri[pri][0] > 0])
         return QueueSnapshot(now_s=self.env.now, queued_tokens=self.queued_tokens,
                              capacity_tokens=getattr(self.policy, "capacity_tokens", None),
                              queued_by_priority=by_pri,
@@ -119,7 +122,7 @@ class TokenQueue:
 
     def kick(self) -> None:
         """Release entries, highest priority first, while their model has a replica with room."""
-        if self._kicking:
+        if self._kicking or not self._heap:  # nothing queued: the usual case when a generation ends
             return
         self._kicking = True
         try:

@@ -200,7 +200,10 @@ class TokenBucketAdmission(BaseAdmission):
 
     def level(self, user_id: str, tier: str, now_s: float) -> float:
         """Tokens in ``user_id``'s bucket at ``now_s`` (a new user's bucket is full)."""
-        rate, burst = self.limits(tier)
+        return self._level(user_id, *self.limits(tier), now_s)
+
+    def _level(self, user_id: str, rate: float, burst: float, now_s: float) -> float:
+        """:meth:`level` with the tier's limits already looked up (the gateway asks ~3 times per turn)."""
         b = self._buckets.get(user_id)
         if b is None:
             return burst
@@ -209,17 +212,18 @@ class TokenBucketAdmission(BaseAdmission):
     def check(self, req: AdmissionRequest, now_s: float) -> AdmissionDecision:
         self._tick(now_s)
         rate, burst = self.limits(req.tier)
-        cost = req.total_tokens
+        cost = req.prompt_tokens + req.expected_output_tokens  # req.total_tokens
         if cost > burst:
             return AdmissionDecision(False, REQUEST_EXCEEDS_BURST)
-        level = self.level(req.user_id, req.tier, now_s)
+        level = self._level(req.user_id, rate, burst, now_s)
         if level + TOKEN_EPS >= cost:
             return ADMIT
         return AdmissionDecision(False, USER_RATE_LIMITED, (cost - level) / rate if rate > 0 else None)
 
     def commit(self, req: AdmissionRequest, now_s: float) -> None:
         self._tick(now_s)
-        self._set(req.user_id, req.tier, self.level(req.user_id, req.tier, now_s) - req.total_tokens, now_s)
+        level = self._level(req.user_id, *self.limits(req.tier), now_s)
+        self._set(req.user_id, req.tier, level - (req.prompt_tokens + req.expected_output_tokens), now_s)
         if self.params.true_up:
             self._charged[req.request_id] = (req.user_id, req.tier, req.total_tokens)
         self._commits += 1
@@ -232,8 +236,8 @@ class TokenBucketAdmission(BaseAdmission):
         if charged is None:
             return
         user_id, tier, tokens = charged
-        _, burst = self.limits(tier)
-        self._set(user_id, tier, min(burst, self.level(user_id, tier, now_s) + tokens - actual_tokens), now_s)
+        rate, burst = self.limits(tier)
+        self._set(user_id, tier, min(burst, self._level(user_id, rate, burst, now_s) + tokens - actual_tokens), now_s)
 
     def _set(self, user_id: str, tier: str, level: float, now_s: float) -> None:
         b = self._buckets.get(user_id)
@@ -245,7 +249,17 @@ class TokenBucketAdmission(BaseAdmission):
     def _prune(self, now_s: float) -> None:
         """Forget buckets that are full again under their last tier's limits: such a bucket is the same
         as a fresh one (except that a user coming back on a bigger tier then starts full)."""
-        full = [u for u, b in self._buckets.items() if self.level(u, b.tier, now_s) >= self.limits(b.tier)[1]]
+        # level(u, tier) >= burst, spelled out with each tier's limits looked up once: one pass per 4,096
+        # commits over every user the gateway remembers
+        full = []
+        tier_limits: dict[str, tuple[float, float]] = {}
+        for u, b in self._buckets.items():
+            lim = tier_limits.get(b.tier)
+            if lim is None:
+                lim = tier_limits[b.tier] = self.limits(b.tier)
+            rate, burst = lim
+            if min(burst, b.level + (now_s - b.t_s) * rate) >= burst:
+                full.append(u)
         for user_id in full:
             del self._buckets[user_id]
 
@@ -391,7 +405,8 @@ class RetryBudgetAdmission(BaseAdmission):
         self._commits = 0
 
     def _key(self, req: AdmissionRequest) -> str:
-        return {"global": "", "tenant": req.tenant, "user": req.user_id}[self.params.scope]
+        scope = self.params.scope
+        return "" if scope == "global" else req.tenant if scope == "tenant" else req.user_id
 
     def _fits(self, retries: int, firsts: int) -> bool:
         return retries + 1 <= self.params.min_retries_per_window + self.params.ratio * firsts + 1e-9
@@ -424,7 +439,10 @@ class RetryBudgetAdmission(BaseAdmission):
         self._tick(now_s)
         key = self._key(req)
         store = self._retries if req.is_retry else self._firsts
-        store.setdefault(key, deque()).append(now_s)
+        q = store.get(key)
+        if q is None:
+            q = store[key] = deque()
+        q.append(now_s)
         self._commits += 1
         if self._commits % _PRUNE_EVERY == 0:
             for k in sorted(set(self._firsts) | set(self._retries)):

@@ -45,6 +45,10 @@ class QueueSnapshot:
             raise ValueError("token counts and drain rate must be >= 0")
         if self.capacity_tokens is not None and self.capacity_tokens < 0:
             raise ValueError("capacity_tokens must be >= 0 or None")
+        if not self.queued_by_priority:  # an empty queue: the usual case
+            if self.queued_tokens != 0:
+                raise ValueError("queued_by_priority must sum to queued_tokens")
+            return
         # one pass over the (few) classes: a snapshot is built for every offered request
         seen: set[int] = set()
         total = 0
@@ -59,7 +63,11 @@ class QueueSnapshot:
 
     def tokens_at_or_above(self, priority: int) -> int:
         """Queued tokens in classes served no later than ``priority`` (its own class included)."""
-        return sum(t for p, t in self.queued_by_priority if p <= priority)
+        total = 0  # a loop, not sum() over a generator: called for every offered request
+        for p, t in self.queued_by_priority:
+            if p <= priority:
+                total += t
+        return total
 
 
 @dataclass(frozen=True, slots=True)
