@@ -16,9 +16,10 @@ from twin.engine_profiles import load_profile
 QUIET = Path(__file__).resolve().parent / "fixtures" / "calibration" / "cpu-tiny-llama-quiet"
 QUIET2 = QUIET.parent / "cpu-tiny-llama-quiet2"  # the same command, a second quiet session ~3.5 hours later
 WARM = QUIET.parent / "cpu-tiny-llama-warm"  # the same command with the recorder's server warm-up, 4 hours later
+WARM2 = QUIET.parent / "cpu-tiny-llama-warm2"  # the same again, 2 hours later: the first set after the spread rule
 
 
-@pytest.mark.parametrize("root", [QUIET, QUIET2, WARM], ids=["quiet", "quiet2", "warm"])
+@pytest.mark.parametrize("root", [QUIET, QUIET2, WARM, WARM2], ids=["quiet", "quiet2", "warm", "warm2"])
 def test_the_committed_profile_is_the_fit_of_the_committed_sweep(root: Path) -> None:
     runs = sorted(p for p in (root / "calibration").iterdir() if (p / "run.json").exists())
     assert len(runs) == 9
@@ -63,7 +64,8 @@ def test_the_committed_fidelity_table_is_what_fidelity_gives() -> None:
 
 @pytest.mark.parametrize(("root", "noise", "name", "passed", "latency_passed"), [
     (QUIET2, None, "fidelity-held-out.json", 147, 71), (QUIET2, False, "fidelity-held-out-no-noise.json", 123, 55),
-    (WARM, None, "fidelity-held-out.json", 148, 69)], ids=["quiet2", "quiet2-no-noise", "warm"])
+    (WARM, None, "fidelity-held-out.json", 148, 69), (WARM2, None, "fidelity-held-out.json", 135, 60)],
+    ids=["quiet2", "quiet2-no-noise", "warm", "warm2"])
 def test_the_four_repeat_sessions_tables_are_what_fidelity_gives(root: Path, noise: bool | None, name: str,
                                                                  passed: int, latency_passed: int) -> None:
     """The second quiet set and the warm-server set: four repeats recorded back to back after their own sweep
