@@ -75,7 +75,7 @@ class Recorder:
 
     def event(self, t_s: float, kind: str, scope: str, request_id: str | None = None, value: float | None = None,
               reason: str | None = None) -> None:
-        # ~9 calls per turn: the columns' appends and the labels' dicts are bound once (``_bind``), and
+        # ~9 calls per turn: the columns' appends and the labels' lookups are bound once (``_ev_append``), and
         # Labels.code is inlined for labels seen before
         t_app, k_app, s_app, id_app, v_app, h_app, r_app, k_get, s_get, r_get = self._ev_append
         t_app(t_s)

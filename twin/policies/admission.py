@@ -158,8 +158,8 @@ class TokenBucketAdmission(BaseAdmission):
     def _prune(self, now_s: float) -> None:
         """Forget buckets that are full again under their last tier's limits: such a bucket is the same
         as a fresh one (except that a user coming back on a bigger tier then starts full)."""
-        # level(u, tier) >= burst, spelled out with each tier's limits looked up once: one pass per 4,096
-        # commits over every user the gateway remembers
+        # level(u, tier) >= burst with each tier's limits looked up once: one pass per 4,096 commits over every
+        # user the gateway remembers
         full = []
         tier_limits: dict[str, tuple[float, float]] = {}
         for u, b in self._buckets.items():
@@ -167,7 +167,7 @@ class TokenBucketAdmission(BaseAdmission):
             if lim is None:
                 lim = tier_limits[b.tier] = self.limits(b.tier)
             rate, burst = lim
-            if min(burst, b.level + (now_s - b.t_s) * rate) >= burst:
+            if self._level(u, rate, burst, now_s) >= burst:
                 full.append(u)
         for user_id in full:
             del self._buckets[user_id]
