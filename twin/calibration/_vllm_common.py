@@ -1,4 +1,5 @@
-"""What both recording modes share: engine arguments, the iteration-log and Prometheus parsers, the run writer.
+"""What both recording modes share: engine arguments, the iteration-log and Prometheus parsers, the run writer,
+keeping the front end off the model's cores (``pin_front_end``).
 
 Standalone like ``_vllm_worker.py`` (standard library only): the worker imports it as a sibling file when it
 runs in the vLLM environment, and twin imports it as ``twin.calibration._vllm_common`` (tests).
@@ -172,3 +173,61 @@ def base_run(job: dict, mode: str, args: list[str]) -> dict:
 
 def _r6(x: float) -> float:
     return round(x, 6)
+
+
+def _threads(pid: int) -> list[int]:
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
+
+
+def _group_pids(pgid: int) -> list[int]:
+    """The processes of process group ``pgid`` (the server and the engine processes it started)."""
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.getpgid(int(name)) == pgid:
+                    out.append(int(name))
+            except OSError:
+                continue
+    return sorted(out)
+
+
+def pin_front_end(pgid: int) -> dict:
+    """Keep the API server, the engine core and this client off the cores the model runs on.
+
+    vLLM's CPU worker binds its threads to its cores (``VLLM_CPU_OMP_THREADS_BIND``, e.g. core 0 of 2) and
+    reserves the rest "for the scheduler", but nothing binds the other processes: on a small machine the API
+    server, the engine core and the client are scheduled onto the model's core too, so a step that runs while a
+    request arrives takes longer and a whole run's steps move with the machine's load (docs/calibration.md,
+    "Pinning the front end"). Every thread of process group ``pgid`` (the engine's processes) that may run on
+    every CPU, and every thread of this process (the client), is bound to the CPUs that no bound thread uses;
+    threads started later inherit it. Nothing is done (``pinned`` false) when no thread is bound or no CPU is
+    left over. Returns what was done, for run.json."""
+    allowed = set(os.sched_getaffinity(0))
+    threads: list[tuple[int, set[int]]] = []
+    pids = _group_pids(pgid)
+    for pid in pids:
+        for tid in _threads(pid):
+            try:
+                threads.append((tid, set(os.sched_getaffinity(tid))))
+            except OSError:
+                continue
+    bound = set().union(*(aff for _, aff in threads if aff < allowed)) if threads else set()
+    free = sorted(allowed - bound)
+    info = {"pinned": False, "engine_cpus": sorted(bound), "front_end_cpus": free, "processes": len(pids),
+            "threads": len(threads)}
+    if not bound or not free:
+        return info
+    moved = 0
+    for tid, aff in threads + [(t, allowed) for t in _threads(os.getpid())]:
+        if aff == allowed:
+            try:
+                os.sched_setaffinity(tid, free)
+                moved += 1
+            except OSError:
+                continue
+    info.update(pinned=True, threads_pinned=moved)
+    return info

@@ -171,6 +171,7 @@ def run_server(job: dict) -> None:
             if time.monotonic() > deadline:
                 raise TimeoutError("vllm serve did not become healthy in time")
             time.sleep(0.5)
+        pinning = common.pin_front_end(proc.pid) if job.get("pin_front_end", False) else {"pinned": False}
         warmup = 0
         if job.get("warmup", True):
             status, text = http_get(base + "/metrics")
@@ -220,6 +221,7 @@ def run_server(job: dict) -> None:
     workload = dict(job["workload"])
     workload["num_gpu_blocks_source"] = source
     workload["warmup_requests"] = warmup
+    workload["front_end_pinning"] = pinning
     kv = common.KV_SIZE_RE.search(full_log)
     if kv:
         # The start-up line "KV cache size: N tokens" counts every block, the null block included.
