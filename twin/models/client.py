@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from twin.models.generation import Generations, Outcome
 from twin.models.population import LengthDraw, SessionSpec
+from twin.models.waits import LongWaits
 from twin.rng import stream
 
 RETRYABLE = {"user_rate_limited", "tenant_quota_exceeded", "queue_full", "replica_failed", "region_unreachable"}
@@ -75,6 +76,7 @@ class Clients:
         self._normal_i = 0
         self.tool_runs: dict[str, int] = {}  # idempotent executor: key -> executions
         self.gen = Generations(world, rng=self.rng)
+        self.think = LongWaits(self.env)  # think times between turns, out of SimPy's queue
         self._length_draws: dict[str, LengthDraw] = {}
         self._attrs: dict[tuple[str, str, str, str], tuple[str, str, str, str]] = {}  # interned turn_attrs
 
@@ -116,7 +118,7 @@ class Clients:
             if k + 1 < spec.turns:
                 # rng.exponential(scale) is scale * one standard exponential draw in numpy: the same float and
                 # stream position, without exponential's per-call argument checks
-                yield env.timeout(tr.think_time_s * self.rng.standard_exponential())
+                yield self.think.wait(tr.think_time_s * self.rng.standard_exponential())
         self.w.conversation.end_session(spec.session_id)
 
     def turn(self, turn: Turn):
