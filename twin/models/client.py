@@ -94,7 +94,8 @@ class Clients:
 
     # ---- sessions and turns --------------------------------------------------------------------
     def session(self, spec: SessionSpec):
-        """One user's conversation from its start (the world starts it at ``spec.start_s``)."""
+        """One user's conversation from its start (the world starts it at ``spec.start_s`` and hears of its
+        end through ``session_ended``)."""
         env, tr = self.env, self.cfg.traffic
         if spec.trace is not None:  # a replayed trace request: its own prompt content and output length
             r = spec.trace
@@ -102,6 +103,7 @@ class Clients:
                         message_tokens=r.prompt_tokens, output_tokens=r.output_tokens)
             yield from self.turn(turn)
             self.w.conversation.end_session(spec.session_id)
+            self.w.session_ended()
             return
         for k in range(spec.turns):
             klass = spec.klass if k == 0 or spec.klass in ("tool", "retrieval", "background") else "followup"
@@ -120,6 +122,7 @@ class Clients:
                 # stream position, without exponential's per-call argument checks
                 yield self.think.wait(tr.think_time_s * self.rng.standard_exponential())
         self.w.conversation.end_session(spec.session_id)
+        self.w.session_ended()
 
     def turn(self, turn: Turn):
         env, rec, ccfg = self.env, self.w.rec, self.cfg.client
