@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from twin.models.generation import Generations, Outcome
 from twin.models.population import LengthDraw, SessionSpec
+from twin.models.waits import LongWaits
 from twin.rng import stream
 
 RETRYABLE = {"user_rate_limited", "tenant_quota_exceeded", "queue_full", "replica_failed", "region_unreachable"}
@@ -75,6 +76,7 @@ class Clients:
         self._normal_i = 0
         self.tool_runs: dict[str, int] = {}  # idempotent executor: key -> executions
         self.gen = Generations(world, rng=self.rng)
+        self.think = LongWaits(self.env)  # think times between turns, out of SimPy's queue
         self._length_draws: dict[str, LengthDraw] = {}
         self._attrs: dict[tuple[str, str, str, str], tuple[str, str, str, str]] = {}  # interned turn_attrs
 
@@ -92,7 +94,8 @@ class Clients:
 
     # ---- sessions and turns --------------------------------------------------------------------
     def session(self, spec: SessionSpec):
-        """One user's conversation from its start (the world starts it at ``spec.start_s``)."""
+        """One user's conversation from its start (the world starts it at ``spec.start_s`` and hears of its
+        end through ``session_ended``)."""
         env, tr = self.env, self.cfg.traffic
         if spec.trace is not None:  # a replayed trace request: its own prompt content and output length
             r = spec.trace
@@ -100,6 +103,7 @@ class Clients:
                         message_tokens=r.prompt_tokens, output_tokens=r.output_tokens)
             yield from self.turn(turn)
             self.w.conversation.end_session(spec.session_id)
+            self.w.session_ended()
             return
         for k in range(spec.turns):
             klass = spec.klass if k == 0 or spec.klass in ("tool", "retrieval", "background") else "followup"
@@ -116,8 +120,9 @@ class Clients:
             if k + 1 < spec.turns:
                 # rng.exponential(scale) is scale * one standard exponential draw in numpy: the same float and
                 # stream position, without exponential's per-call argument checks
-                yield env.timeout(tr.think_time_s * self.rng.standard_exponential())
+                yield self.think.wait(tr.think_time_s * self.rng.standard_exponential())
         self.w.conversation.end_session(spec.session_id)
+        self.w.session_ended()
 
     def turn(self, turn: Turn):
         env, rec, ccfg = self.env, self.w.rec, self.cfg.client

@@ -202,10 +202,12 @@ class FleetWorld:
         self._launch(i)
 
     def _launch(self, i: int) -> None:
-        _StartedProcess(self.env, self._session(self.sessions[i]))
+        # the session's generator is the process itself, not wrapped in one more generator: every resume
+        # of a turn (~4 a turn) passes one frame less, and a waiting session holds one frame less
+        _StartedProcess(self.env, self.clients.session(self.sessions[i]))
 
-    def _session(self, spec):
-        yield from self.clients.session(spec)
+    def session_ended(self) -> None:
+        """A session's last step (``Clients.session`` calls it): the run is done when the last one ends."""
         self._live -= 1
         if self._live == 0 and not self.done.triggered:
             self.done.succeed()

@@ -1,6 +1,7 @@
 """Waiting in SimPy without the cost of its general machinery, at exactly the place in the event order the
 general form would take: ``first_of`` (``a | b`` without a ``Condition``), ``schedule_at`` (an event at an
-earlier-taken place) and ``CallOffTimers`` (timeouts that are nearly always called off).
+earlier-taken place), ``CallOffTimers`` (timeouts that are nearly always called off) and ``LongWaits``
+(long timeouts, such as a user's think time, kept out of SimPy's queue).
 
 These reach into SimPy 4.1's event queue (``env._queue``: ``(time, priority, id, event)``) and its event-id
 counter (``env._eid``); pyproject pins simpy below 4.2 for that reason, and tests/test_client_paths.py checks
@@ -88,3 +89,61 @@ class CallOffTimers:
             self._arm()
         if callback is not None:
             callback()
+
+
+class _Due:
+    """What a process waiting in :class:`LongWaits` yields: the three fields SimPy's ``Process._resume``
+    and ``Environment.step`` read of an event, and whether it is in SimPy's queue yet. It succeeds with
+    no value, as a ``Timeout`` does; nothing else ever sees it."""
+
+    __slots__ = ("callbacks", "_ok", "_value", "armed")
+
+
+class LongWaits:
+    """``env.timeout(delay_s)`` for long waits that many processes sit in at once (a user's think time
+    between turns: one per live session), kept in a heap of their own with only the earliest one in
+    SimPy's queue. SimPy's queue then holds O(replicas + turns in flight) events instead of one more per
+    live session (95 % of it at 0.25x), and every other event's push and pop works on a heap that stays
+    small and in cache as the fleet grows.
+
+    The order is exactly a ``Timeout``'s, ties included: a wait takes its event id when it starts, at the
+    moment the ``Timeout`` would have taken it, and its due time is the same float (``now + delay_s``), so
+    its key ``(due, NORMAL, id)`` in SimPy's queue is the key the ``Timeout`` had (:func:`schedule_at`).
+    The heap is ordered by ``(due, id)``, the same order, and its earliest wait is always in SimPy's queue
+    (put there when it starts as the earliest, or when the one before it fires), so no wait can be due
+    before SimPy's queue reaches it. A wait that fires is its own event: the waiting process resumes from
+    it directly, as from its ``Timeout``, with no event in between.
+    """
+
+    def __init__(self, env: simpy.Environment) -> None:
+        self.env = env
+        self._heap: list[tuple[float, int, _Due]] = []  # (due t_s, event id, wait); ids are unique
+
+    def wait(self, delay_s: float) -> _Due:
+        """The event to yield for a wait of ``delay_s`` (>= 0) from now."""
+        if delay_s < 0:
+            raise ValueError(f"Negative delay {delay_s}")
+        env = self.env
+        ev = _Due()
+        ev.callbacks = [self._on_due]  # first: the next wait is armed before the process resumes
+        ev._ok, ev._value, ev.armed = True, None, False
+        entry = (env._now + delay_s, next(env._eid), ev)
+        heap = self._heap
+        heapq.heappush(heap, entry)
+        if heap[0] is entry:
+            ev.armed = True
+            schedule_at(env, ev, entry[0], entry[1])  # type: ignore[arg-type]
+        return ev
+
+    def _on_due(self, ev: _Due) -> None:
+        heap = self._heap
+        due = heapq.heappop(heap)[2]
+        assert due is ev, "SimPy's queue reaches the waits in the heap's order"
+        if heap:
+            t_s, place, nxt = heap[0]
+            if not nxt.armed:
+                nxt.armed = True
+                schedule_at(self.env, nxt, t_s, place)  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return len(self._heap)
