@@ -40,6 +40,12 @@ def _check(out: Path, spec: WorkloadSpec) -> None:
     assert int(rec.iterations.gen_tokens.sum()) >= sum(r.output_tokens - 1 for r in rec.requests)
     assert rec.metric("generation_tokens") == sum(r.output_tokens for r in rec.requests)
     assert all(r.token_times_s is not None and r.e2e_s == r.token_times_s[-1] for r in rec.requests)
+    # the machine's speed, measured on the model's cores before and after the run (_vllm_common.speed_probe)
+    probe = rec.run.workload["speed_probe"]
+    for when in ("before", "after"):
+        assert "error" not in probe[when], probe[when]
+        assert 0 < probe[when]["min_s"] <= probe[when]["median_s"] < 1.0
+        assert probe[when]["trials"] == 21 and probe[when]["cpus"]
 
 
 def test_record_offline(vllm_venv: Path, tmp_path: Path) -> None:
@@ -76,6 +82,10 @@ def test_record_server(vllm_venv: Path, tmp_path: Path) -> None:
     rec = load_recorded_run(out)
     assert rec.run.metrics_delta is not None and rec.metric("prompt_tokens") == sum(r.prompt_tokens for r in rec.requests)
     assert rec.run.workload["num_gpu_blocks_source"]
+    pin = rec.run.workload["front_end_pinning"]  # the front end off the model's cores (machines with a spare CPU)
+    if pin["pinned"]:
+        assert pin["front_end_cpus"] and not set(pin["front_end_cpus"]) & set(pin["engine_cpus"])
+        assert rec.run.workload["speed_probe"]["before"]["cpus"] == pin["engine_cpus"]
     # The warm-up ran (one-token requests decoding at every batch size up to the smaller of max_num_seqs
     # and block size - 1) and left no trace in the run: its requests are not listed, the step sums in _check hold for the measured requests alone, and no prefix-cache
     # query of the run came from it (the counters' baseline is taken after it).

@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import re
+import time
 from pathlib import Path
 
 FORMAT = "twin-recorded-run/1"
@@ -195,6 +196,82 @@ def _group_pids(pgid: int) -> list[int]:
     return sorted(out)
 
 
+def _bound_cpus(pgid: int) -> tuple[set[int], list[int], list[tuple[int, set[int]]], set[int]]:
+    """``(allowed, pids, threads, bound)``: the CPUs this process may use, the group's processes, each of their
+    threads with its affinity, and the CPUs of the threads bound to fewer than all (the model's cores)."""
+    allowed = set(os.sched_getaffinity(0))
+    threads: list[tuple[int, set[int]]] = []
+    pids = _group_pids(pgid)
+    for pid in pids:
+        for tid in _threads(pid):
+            try:
+                threads.append((tid, set(os.sched_getaffinity(tid))))
+            except OSError:
+                continue
+    bound = set().union(*(aff for _, aff in threads if aff < allowed)) if threads else set()
+    return allowed, pids, threads, bound
+
+
+def engine_cpus(pgid: int) -> list[int]:
+    """The CPUs the engine's bound threads (its model workers) run on; empty when none is bound."""
+    return sorted(_bound_cpus(pgid)[3])
+
+
+PROBE_TRIALS = 21
+PROBE_LAYERS = 24
+
+
+def speed_probe(cpus: list[int]) -> dict:
+    """How fast this machine runs right now, on the model's cores: the median and the least seconds of
+    ``PROBE_TRIALS`` trials of a fixed bf16 workload shaped like a small decode step (``PROBE_LAYERS`` of two matrix
+    products, a gated activation and a norm on 16 rows of 256), on one thread bound to ``cpus``, with the engine
+    idle. On a shared VM the host's other tenants move the engine's speed by up to ~1.5x between recordings
+    minutes apart, without load or steal time to show it (docs/calibration.md, "Pinning the front end"); this
+    measures it beside each run. Needs torch (the vLLM environment); the calling thread's affinity and torch's
+    thread count are restored afterwards."""
+    import torch
+
+    before = os.sched_getaffinity(0)
+    n_threads = torch.get_num_threads()
+    try:
+        if cpus:
+            os.sched_setaffinity(0, set(cpus))
+        torch.set_num_threads(1)
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(16, 256, generator=g).to(torch.bfloat16)
+        w1 = torch.randn(256, 1024, generator=g).to(torch.bfloat16) * 0.05
+        w2 = torch.randn(512, 256, generator=g).to(torch.bfloat16) * 0.05
+
+        def trial() -> None:
+            h = x
+            for _ in range(PROBE_LAYERS):
+                a = h @ w1
+                a = torch.nn.functional.silu(a[:, :512]) * a[:, 512:]
+                h = a @ w2
+                h = h * torch.rsqrt(h.float().pow(2).mean(-1, keepdim=True) + 1e-5).to(h.dtype)
+
+        trial()  # first-call costs out of the measurement
+        times = []
+        for _ in range(PROBE_TRIALS):
+            t0 = time.perf_counter()
+            trial()
+            times.append(time.perf_counter() - t0)
+    finally:
+        torch.set_num_threads(n_threads)
+        os.sched_setaffinity(0, before)
+    times.sort()
+    return {"cpus": sorted(cpus), "median_s": _r6(times[len(times) // 2]), "min_s": _r6(times[0]),
+            "trials": len(times)}
+
+
+def probe_or_error(cpus: list[int]) -> dict:
+    """``speed_probe``, or what went wrong: a probe never fails a recording."""
+    try:
+        return speed_probe(cpus)
+    except Exception as exc:  # noqa: BLE001 - recorded in run.json instead
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
 def pin_front_end(pgid: int) -> dict:
     """Keep the API server, the engine core and this client off the cores the model runs on.
 
@@ -206,16 +283,7 @@ def pin_front_end(pgid: int) -> dict:
     every CPU, and every thread of this process (the client), is bound to the CPUs that no bound thread uses;
     threads started later inherit it. Nothing is done (``pinned`` false) when no thread is bound or no CPU is
     left over. Returns what was done, for run.json."""
-    allowed = set(os.sched_getaffinity(0))
-    threads: list[tuple[int, set[int]]] = []
-    pids = _group_pids(pgid)
-    for pid in pids:
-        for tid in _threads(pid):
-            try:
-                threads.append((tid, set(os.sched_getaffinity(tid))))
-            except OSError:
-                continue
-    bound = set().union(*(aff for _, aff in threads if aff < allowed)) if threads else set()
+    allowed, pids, threads, bound = _bound_cpus(pgid)
     free = sorted(allowed - bound)
     info = {"pinned": False, "engine_cpus": sorted(bound), "front_end_cpus": free, "processes": len(pids),
             "threads": len(threads)}

@@ -178,6 +178,8 @@ def run_server(job: dict) -> None:
             if status != 200:
                 raise RuntimeError("could not scrape /metrics before the warm-up")
             warmup = warm_up(base, model, engine, common.parse_prometheus(text)[1], job["timeout_s"])
+        cpus = pinning.get("engine_cpus") or common.engine_cpus(proc.pid)
+        probe_before = common.probe_or_error(cpus) if job.get("speed_probe", True) else None
         status, text = http_get(base + "/metrics")
         if status != 200:
             raise RuntimeError("could not scrape /metrics before the run")
@@ -193,6 +195,7 @@ def run_server(job: dict) -> None:
             raise RuntimeError("could not scrape /metrics after the run")
         after, cache_info_after = common.parse_prometheus(text)
         cache_info = cache_info_after or cache_info
+        probe_after = common.probe_or_error(cpus) if probe_before is not None else None
     finally:
         stop_group(proc)
         log.close()
@@ -222,6 +225,8 @@ def run_server(job: dict) -> None:
     workload["num_gpu_blocks_source"] = source
     workload["warmup_requests"] = warmup
     workload["front_end_pinning"] = pinning
+    if probe_before is not None:
+        workload["speed_probe"] = {"before": probe_before, "after": probe_after}
     kv = common.KV_SIZE_RE.search(full_log)
     if kv:
         # The start-up line "KV cache size: N tokens" counts every block, the null block included.

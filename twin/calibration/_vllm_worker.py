@@ -42,6 +42,7 @@ if __name__ in ("__main__", "__mp_main__"):
 
 import json  # noqa: E402
 import logging  # noqa: E402
+import os  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -72,6 +73,9 @@ def run_offline(job: dict) -> None:
 
     engine = job["engine"]
     llm = LLM(model=job["model_dir"], **common.engine_kwargs(engine))
+    # the engine's processes are in this process's group (record.py starts it as a group leader)
+    cpus = common.engine_cpus(os.getpgid(0))
+    probe_before = common.probe_or_error(cpus) if job.get("speed_probe", True) else None
     vcfg = llm.llm_engine.vllm_config
     cache, sched = vcfg.cache_config, vcfg.scheduler_config
 
@@ -119,6 +123,7 @@ def run_offline(job: dict) -> None:
                 st["cached"] = int(out.num_cached_tokens)
     logging.getLogger("vllm").removeHandler(handler)
     after = counters()
+    probe_after = common.probe_or_error(cpus) if probe_before is not None else None
 
     iterations = common.parse_iterations(handler.lines)
     requests = []
@@ -149,7 +154,8 @@ def run_offline(job: dict) -> None:
             "enable_prefix_caching": bool(cache.enable_prefix_caching),
             "engine_args": common.engine_cli_args(engine),
             "metrics_delta": common.delta(after, before),
-            "workload": job["workload"],
+            "workload": job["workload"] | ({} if probe_before is None else
+                                           {"speed_probe": {"before": probe_before, "after": probe_after}}),
         }
     )
     common.write_run(Path(job["out_dir"]), run, requests, iterations)
