@@ -107,6 +107,24 @@ def test_the_repeats_mean_passes_the_run_to_run_spread_but_not_always_the_strict
     assert mean_deviation(v) == pytest.approx(0.75 / 1.75) and spread(v) == pytest.approx(1.0)
 
 
+def test_what_the_recorder_measured_does_not_split_repeats(tmp_path: Path) -> None:
+    """Repeats differ in the machine's speed probe and may differ in the pinning's thread counts; they are still
+    repeats of one workload (before this, the probe split every repeat into its own group: tolerances of 10 %)."""
+    copies = []
+    for i, probe_ms in enumerate((4.3, 6.3)):
+        d = _copy(RUN, tmp_path / f"r{i}")
+        run = json.loads((d / "run.json").read_text())
+        run["workload"]["speed_probe"] = {"before": {"median_s": probe_ms / 1e3}, "after": {"median_s": probe_ms / 1e3}}
+        run["workload"]["front_end_pinning"] = {"pinned": True, "threads": 60 + i}
+        (d / "run.json").write_text(json.dumps(run))
+        copies.append(load_recorded_run(d))
+    assert workload_key(copies[0]) == workload_key(copies[1]) == workload_key(load_recorded_run(RUN))
+    run = json.loads((copies[1].path / "run.json").read_text())
+    run["workload"]["num_requests"] = run["workload"].get("num_requests", 0) + 1  # the workload itself differs
+    (copies[1].path / "run.json").write_text(json.dumps(run))
+    assert workload_key(load_recorded_run(copies[1].path)) != workload_key(copies[0])
+
+
 def test_different_workloads_are_not_repeats(tmp_path: Path) -> None:
     other = FIX / "calibration" / "sweep-kv-pressure"
     assert workload_key(load_recorded_run(RUN)) != workload_key(load_recorded_run(other))

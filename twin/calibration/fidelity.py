@@ -107,9 +107,13 @@ def _values(rec: RecordedRun, result: Any, comparison: dict[str, Any], *, overhe
     return {"real": real, "twin": twin, "exact_real": exact_real, "exact_twin": exact_twin, "exact_match": exact_match}
 
 
+# What the recorder measured about the machine during a run (not the workload): repeats differ in them.
+MEASURED_WORKLOAD_FIELDS = ("speed_probe", "front_end_pinning")
+
+
 def workload_key(rec: RecordedRun) -> str:
     """Runs with equal keys are repeats: same mode and engine settings, and the same workload description in
-    run.json or, where it has none, the same request set (prompts, output lengths, send times to the ms;
+    run.json (less what the recorder measured, ``MEASURED_WORKLOAD_FIELDS``) or, where it has none, the same request set (prompts, output lengths, send times to the ms;
     a server run's measured send times jitter, so the description is preferred)."""
     r = rec.run
     h = hashlib.sha256()
@@ -117,7 +121,8 @@ def workload_key(rec: RecordedRun) -> str:
                          r.max_num_batched_tokens, r.max_num_seqs, r.max_model_len, r.enable_chunked_prefill,
                          r.enable_prefix_caching, r.model_config_]).encode())
     if r.workload:
-        h.update(json.dumps(r.workload, sort_keys=True).encode())
+        described = {k: v for k, v in r.workload.items() if k not in MEASURED_WORKLOAD_FIELDS}
+        h.update(json.dumps(described, sort_keys=True).encode())
     else:
         for q in rec.requests:
             h.update(json.dumps([round(q.arrival_s, 3), q.max_tokens, list(q.prompt_token_ids)]).encode())
