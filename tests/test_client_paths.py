@@ -14,6 +14,7 @@ from twin.models.waits import CallOffTimers, first_of
 from twin.models.population import IndexDraw
 from twin.runner import run_scenario
 from twin.scenario import load_scenario
+from runkit import assert_same_tables
 
 
 # ---- IndexDraw is Generator.choice with p ------------------------------------------------------------
@@ -159,12 +160,7 @@ def test_sessions_out_of_start_order_give_the_same_run(monkeypatch: pytest.Monke
     monkeypatch.setattr(fleet_mod, "sessions", lambda *a, **k: list(reversed(orig(*a, **k))))
     shuffled = run_scenario(_small_fleet())
     assert base.ok and shuffled.ok
-    for name in ("events", "levels", "requests"):
-        a, b = base.tables[name], shuffled.tables[name]
-        assert a.schema == b.schema and a.num_rows == b.num_rows, name
-        for col in a.column_names:  # value for value, NaN equal to NaN
-            assert all(x == y or (x != x and y != y)
-                       for x, y in zip(a.column(col).to_pylist(), b.column(col).to_pylist())), (name, col)
+    assert_same_tables(base, shuffled)
 
 
 # ---- timers that are nearly always called off ---------------------------------------------------------
