@@ -63,6 +63,17 @@ def test_set_overrides_are_validated_and_applied(tmp_path, capsys):
     assert not (tmp_path / "x").exists()
 
 
+def test_a_block_count_no_machine_has_is_a_scenario_error(tmp_path, capsys):
+    """The fuzz test below once drew num_gpu_blocks 1,838,534,478: the twin's per-block state (~16 bytes each, up
+    front) exhausted memory and the run was killed. It is refused as bad input now, naming the field."""
+    p = _write(tmp_path, SMALL)
+    for n, rc in ((1_838_534_478, 2), (50_000_001, 2), (4096, 0)):
+        out = tmp_path / f"o{n}"
+        assert main(["run", str(p), "--out", str(out), "--set", f"replica.engine.num_gpu_blocks={n}", "--quiet"]) == rc
+        if rc == 2:
+            assert "replica.engine.num_gpu_blocks" in capsys.readouterr().err
+
+
 def test_failed_run_leaves_its_manifest(tmp_path, capsys):
     raw = copy.deepcopy(SMALL)
     # a KV pool too small for the longest prompt: the engine cannot schedule it and the run fails

@@ -7,6 +7,10 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 PosInt = Annotated[int, Field(gt=0)]
+# The twin keeps ~16 bytes of state per KV block (its hash slot and its state word), allocated up front: a given
+# block count above this (800 MB of state; a real H200 holds ~10^5 to 10^6 blocks of 16 tokens) is refused as a
+# scenario error rather than left to exhaust memory (hypothesis drew 1,838,534,478 once: the run was killed).
+MAX_GPU_BLOCKS = 50_000_000
 
 
 class _Model(BaseModel):
@@ -18,7 +22,7 @@ class EngineSettings(_Model):
 
     block_size: PosInt = 16
     # None: derived from the profile's memory, as vLLM derives it; at least 2 (block 0 is the null block)
-    num_gpu_blocks: Annotated[int, Field(ge=2)] | None = None
+    num_gpu_blocks: Annotated[int, Field(ge=2, le=MAX_GPU_BLOCKS)] | None = None
     gpu_memory_utilization: Annotated[float, Field(gt=0.0, le=1.0)] = 0.92
     max_num_batched_tokens: PosInt = 8192
     max_num_seqs: PosInt = 1024
