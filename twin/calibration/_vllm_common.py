@@ -1,8 +1,9 @@
 """What both recording modes share: engine arguments, the iteration-log and Prometheus parsers, the run writer,
-keeping the front end off the model's cores (``pin_front_end``).
+keeping the front end off the model's cores (``pin_front_end``) and the machine's speed probe (``speed_probe``).
 
-Standalone like ``_vllm_worker.py`` (standard library only): the worker imports it as a sibling file when it
-runs in the vLLM environment, and twin imports it as ``twin.calibration._vllm_common`` (tests).
+Standalone like ``_vllm_worker.py`` (standard library only; ``speed_probe`` imports torch when called, which the
+vLLM environment has): the worker imports it as a sibling file when it runs in the vLLM environment, and twin
+imports it as ``twin.calibration._vllm_common`` (tests).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ Each run is replayed twice with the engine settings of its own run.json: with th
   other. A stricter rule is reported beside it (``summary.strict``): the tolerance widened only by the
   repeats' largest deviation from their own mean. Under that rule even an exact prediction of the repeats'
   mean can fail (its error is relative to the run, the deviation to the mean), so the report also counts how
-  many items the repeats' mean itself passes there (docs/calibration.md, "Reading the spread").
+  many items the repeats' mean itself passes there (docs/calibration.md, "The spread rule").
 
 Pass/fail is judged on the profile replay; the recorded-step-time replay is reported beside it. Server-mode
 runs replayed with a profile that has a ``server`` section get the API front end in both replays
@@ -113,8 +113,9 @@ MEASURED_WORKLOAD_FIELDS = ("speed_probe", "front_end_pinning")
 
 def workload_key(rec: RecordedRun) -> str:
     """Runs with equal keys are repeats: same mode and engine settings, and the same workload description in
-    run.json (less what the recorder measured, ``MEASURED_WORKLOAD_FIELDS``) or, where it has none, the same request set (prompts, output lengths, send times to the ms;
-    a server run's measured send times jitter, so the description is preferred)."""
+    run.json (less what the recorder measured, ``MEASURED_WORKLOAD_FIELDS``) or, where it has none, the same
+    request set (prompts, output lengths, send times to the ms; a server run's measured send times jitter, so the
+    description is preferred)."""
     r = rec.run
     h = hashlib.sha256()
     h.update(json.dumps([r.mode, r.engine_version, r.hardware, r.block_size, r.num_gpu_blocks,
@@ -246,7 +247,8 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
             entry["cold_start"] = _cold_start(rec, prof.spec.server)
         runs.append(entry)
     verdicts = [it["pass"] for r in runs for it in r["items"].values() if it["pass"] is not None]
-    tol_items = [it for r in runs for it in r["items"].values() if it["kind"] == "tolerance" and it["pass"] is not None]
+    tol_items = [it for r in runs for it in r["items"].values()
+                 if it["kind"] == "tolerance" and it["pass"] is not None]
     repeated = [it for it in tol_items if it["mean_of_repeats_pass_strict"] is not None]
     sv = prof.spec.server
     return {
