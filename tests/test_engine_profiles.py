@@ -29,6 +29,13 @@ SHIPPED = [
     "llama3-70b-bf16-tp2-h100",
     "llama3-8b-bf16-tp1-h100",
     "llama3-8b-fp8-tp1-h100",
+    "llama3-70b-fp8-tp1-h200",
+    "llama3-70b-fp8-tp2-h200",
+    "llama3-70b-fp8-tp4-h200",
+    "llama3-70b-fp8-tp8-h200",
+    "llama3-70b-bf16-tp4-h200",
+    "llama3-8b-bf16-tp1-h200",
+    "llama3-8b-fp8-tp1-h200",
 ]
 GIB = 2**30
 
@@ -38,7 +45,7 @@ def test_shipped_profiles_load() -> None:
     for name in SHIPPED:
         p = load_profile(name)
         assert p.name == name
-        assert p.hardware.name == "H100-SXM-80GB"
+        assert p.hardware.name == {"h100": "H100-SXM-80GB", "h200": "H200-SXM-141GB"}[name[-4:]]
         assert p.step_time_model().step_time_s(StepShape(decode_requests=1, decode_context_tokens=100)) > 0
 
 
@@ -197,15 +204,15 @@ def test_fit_needs_both_regimes() -> None:
 
 @pytest.mark.skipif(not (shared_dir() / "calibration/raw").is_dir(), reason="needs ../shared calibration data")
 def test_derivation_reproduces_shipped_files(tmp_path) -> None:
-    """The command regenerates every shipped H100 profile (everything but the date)."""
+    """The command regenerates every shipped H100 and H200 profile (everything but the date)."""
     from twin.engine_profiles import derive
 
-    for model, wd, kd, tp in derive.SHIPPED:
-        name = derive.shipped_name(model, wd, tp)
+    for model, wd, kd, tp, hw in derive.SHIPPED:
+        name = derive.shipped_name(model, wd, tp, hw)
         shipped = load_profile(name).spec
         fresh = derive.derive_spec(model=derive.MODELS[model], tp=tp, weight_dtype=wd, kv_dtype=kd, name=name,
-                                   command=derive.shipped_command(model, wd, kd, tp),
-                                   generated_on=shipped.provenance.generated_on)
+                                   command=derive.shipped_command(model, wd, kd, tp, hw),
+                                   generated_on=shipped.provenance.generated_on, hardware=hw)
         a, b = shipped.model_dump(mode="json"), fresh.model_dump(mode="json")
         st_a, st_b = a.pop("step_time"), b.pop("step_time")
         for regime in ("decode", "prefill"):
@@ -214,6 +221,7 @@ def test_derivation_reproduces_shipped_files(tmp_path) -> None:
         assert math.isclose(st_a["overhead_s"], st_b["overhead_s"], rel_tol=1e-9)
         assert a["checks"] == b["checks"], name
         assert a["model"] == b["model"] and a["memory"] == b["memory"] and a["provenance"] == b["provenance"]
+        assert a["hardware"] == b["hardware"], name
 
 
 def test_engine_profiles_import_is_light() -> None:

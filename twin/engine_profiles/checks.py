@@ -33,16 +33,18 @@ class SiliconPoint:
     tpot_s: float
 
 
-def silicon_qwen3_32b_h100(root: Path) -> list[SiliconPoint]:
+def silicon_points(root: Path, *, model_path: str, system: str, precision: str) -> list[SiliconPoint]:
+    """vLLM aggregated-serving points of one model on one system (``h100_sxm``, ``h200_sxm``), all TPs."""
     out = []
     with (root / SILICON_FILE).open() as f:
         for r in csv.DictReader(f):
             if (
-                r["model_path"] == "Qwen/Qwen3-32B"
-                and r["system"] == "h100_sxm"
+                r["model_path"] == model_path
+                and r["system"] == system
                 and r["backend"] == "vllm"
                 and r["mode"] == "agg"
-                and r["precision"] == ""
+                and r["precision"] == precision
+                and r["tp_size"]
             ):
                 out.append(
                     SiliconPoint(
@@ -54,6 +56,11 @@ def silicon_qwen3_32b_h100(root: Path) -> list[SiliconPoint]:
                     )
                 )
     return sorted(out, key=lambda p: (p.tp, p.isl, p.osl, p.concurrency))
+
+
+def silicon_qwen3_32b_h100(root: Path) -> list[SiliconPoint]:
+    """The host-overhead fit's inputs: Qwen3-32B on H100 with vLLM 0.12 (precision unlabelled, taken as BF16)."""
+    return silicon_points(root, model_path="Qwen/Qwen3-32B", system="h100_sxm", precision="")
 
 
 def steady_state_tpot_s(step_s: StepFn, *, isl: int, osl: int, concurrency: int) -> float:

@@ -1,6 +1,9 @@
-"""Derive an H100 engine profile from public kernel tables: ``python -m twin.engine_profiles.derive``.
+"""Derive an H100 or H200 engine profile from kernel tables: ``python -m twin.engine_profiles.derive``.
 
-1. Operator-level model (``operator_model``) from the aiconfigurator vLLM 0.19 H100 tables + vidur.
+1. Operator-level model (``operator_model``) from the aiconfigurator vLLM 0.19 H100 tables + vidur
+   (``--hardware h100``), or from the operators measured on an H200 with ``scripts/measure_gpu_ops.py``
+   (``--hardware h200``, ``data/h200-sxm/``; what one PyTorch GPU cannot measure comes from the H100 tables,
+   see ``measured_kernels``).
 2. Host time outside the forward pass, ``o + r * requests in the step``: non-negative least squares of
    (measured TPOT - modelled forward time) over the vLLM 0.12 Qwen3-32B H100 serving points in
    aiconfigurator's ``silicon_sample.csv`` (TP 2/4/8), the only modern-vLLM H100 serving measurements of a
@@ -8,7 +11,9 @@
    regime coefficients by step 3.
 3. The compact two-regime coefficients, fitted (non-negative, relative least squares) to the operator
    model over a grid of step shapes.
-4. Checks against splitwise-sim iteration times, argonne static batches and the design-note anchor.
+   The same host time serves both GPUs: it is CPU-side work, and H200 serving points are kept for the checks.
+4. Checks against vLLM serving TPOTs of Llama-3.1 (aiconfigurator's silicon points, H100 and H200), and on H100
+   splitwise-sim iteration times, argonne static batches and the design-note anchor.
 
 ``--all`` regenerates every shipped profile into ``twin/engine_profiles/data/``.
 """
@@ -28,7 +33,9 @@ import yaml
 from twin.engine_profiles import checks as ck
 from twin.engine_profiles.fit import fit_step_time, nnls
 from twin.engine_profiles.grid import fit_grid
-from twin.engine_profiles.kernels import KERNEL_SOURCES, load_tables
+from twin.engine_profiles.kernels import KERNEL_SOURCES, KernelTables, load_tables
+from twin.engine_profiles.memory import derive_num_gpu_blocks
+from twin.engine_profiles.measured_kernels import H100_FALLBACKS, load_measured
 from twin.engine_profiles.operator_model import OperatorStepModel
 from twin.engine_profiles.profile import (
     Check,
@@ -46,6 +53,15 @@ from twin.paths import shared_dir
 
 GIB = 2**30
 H100_SXM = Hardware(name="H100-SXM-80GB", gpu_memory_bytes=85_029_158_912, gpus_per_node=8, price_per_gpu_hour_usd=2.5)
+# memory: torch.cuda.mem_get_info total on the H200 measured (data/h200-sxm/manifest.json); no price in ../shared
+H200_SXM = Hardware(name="H200-SXM-141GB", gpu_memory_bytes=150_109_880_320, gpus_per_node=8)
+HARDWARE = {"h100": H100_SXM, "h200": H200_SXM}
+H200_OPS = Path(__file__).parent / "data" / "h200-sxm"
+H200_OPS_SOURCES = [  # relative to the repository, not ../shared
+    "twin/engine_profiles/data/h200-sxm/isolated/ops.csv",
+    "twin/engine_profiles/data/h200-sxm/sustained/ops.csv",
+]
+SILICON_SYSTEM = {"h100": "h100_sxm", "h200": "h200_sxm"}
 MODELS = {
     "llama3-8b": ModelShape(name="llama3-8b", num_layers=32, hidden_size=4096, intermediate_size=14336,
                             num_attention_heads=32, num_kv_heads=8, head_dim=128, vocab_size=128256),
@@ -54,13 +70,25 @@ MODELS = {
 }
 QWEN3_32B = ModelShape(name="qwen3-32b", num_layers=64, hidden_size=5120, intermediate_size=25600,
                        num_attention_heads=64, num_kv_heads=8, head_dim=128, vocab_size=151936)
-SHIPPED = [  # (model, weight dtype, kv dtype, tp)
-    ("llama3-70b", "fp8", "fp8", 4),
-    ("llama3-70b", "bf16", "bf16", 4),
-    ("llama3-70b", "bf16", "bf16", 2),
-    ("llama3-8b", "bf16", "bf16", 1),
-    ("llama3-8b", "fp8", "fp8", 1),
+SHIPPED = [  # (model, weight dtype, kv dtype, tp, hardware)
+    ("llama3-70b", "fp8", "fp8", 4, "h100"),
+    ("llama3-70b", "bf16", "bf16", 4, "h100"),
+    ("llama3-70b", "bf16", "bf16", 2, "h100"),
+    ("llama3-8b", "bf16", "bf16", 1, "h100"),
+    ("llama3-8b", "fp8", "fp8", 1, "h100"),
+    ("llama3-70b", "fp8", "fp8", 1, "h200"),
+    ("llama3-70b", "fp8", "fp8", 2, "h200"),
+    ("llama3-70b", "fp8", "fp8", 4, "h200"),
+    ("llama3-70b", "fp8", "fp8", 8, "h200"),
+    ("llama3-70b", "bf16", "bf16", 4, "h200"),
+    ("llama3-8b", "bf16", "bf16", 1, "h200"),
+    ("llama3-8b", "fp8", "fp8", 1, "h200"),
 ]
+# vLLM serving points in aiconfigurator's silicon_sample.csv per (model, weight dtype, kv dtype): model_path, precision
+SILICON_MODELS = {
+    ("llama3-70b", "fp8", "fp8"): ("meta-llama/Llama-3.1-70B", "fp8"),
+    ("llama3-8b", "fp8", "fp8"): ("nvidia/Llama-3.1-8B-Instruct-FP8", "fp8"),
+}
 ARGONNE_MODELS = {"llama3-8b": "meta-llama/Meta-Llama-3-8B", "llama3-70b": "meta-llama/Meta-Llama-3-70B"}
 
 
@@ -128,6 +156,10 @@ def profile_checks(spec: EngineProfileSpec, step_s, operator_step_s) -> list[Che
                      notes=notes)
 
     mname, tp, wd = spec.model.name, spec.tp, spec.weight_dtype
+    hardware = next(k for k, hw in HARDWARE.items() if hw == spec.hardware)
+    out.extend(silicon_checks(spec, _check, hardware))
+    if hardware != "h100":  # the rest are H100 measurements
+        return out
     if mname == "llama3-70b" and wd == "bf16" and spec.kv_dtype == "bf16":
         sw = ck.splitwise_medians(root, tp=tp)
         note = "Llama-2-70B FP16, late-2023 serving stack (older than vLLM 0.19); twin uses the Llama-3 shape"
@@ -159,12 +191,50 @@ def profile_checks(spec: EngineProfileSpec, step_s, operator_step_s) -> list[Che
     return out
 
 
+def kv_capacity_tokens(spec: EngineProfileSpec) -> int:
+    """Tokens of KV the profile's memory model leaves at vLLM's defaults (block 16, 8,192 batched tokens)."""
+    return (derive_num_gpu_blocks(EngineProfile(spec), block_size=16, max_num_batched_tokens=8192) - 1) * 16
+
+
+def silicon_selection(spec: EngineProfileSpec, hardware: str) -> tuple[list[ck.SiliconPoint], int]:
+    """The vLLM serving points of this model, dtype, TP and GPU, and how many were left out because their
+    closed loop (concurrency x (ISL + OSL) tokens) does not fit the KV cache: those queue (TTFTs of seconds
+    to a minute in the file), so their TPOT is not the steady state ``steady_state_tpot_s`` models."""
+    which = SILICON_MODELS.get((spec.model.name, spec.weight_dtype, spec.kv_dtype))
+    if which is None:
+        return [], 0
+    points = [p for p in ck.silicon_points(shared_dir(), model_path=which[0], system=SILICON_SYSTEM[hardware],
+                                           precision=which[1]) if p.tp == spec.tp]
+    cap = kv_capacity_tokens(spec)
+    kept = [p for p in points if p.concurrency * (p.isl + p.osl) <= cap]
+    return kept, len(points) - len(kept)
+
+
+def silicon_checks(spec: EngineProfileSpec, check, hardware: str) -> list[Check]:
+    kept, _ = silicon_selection(spec, hardware)
+    which = SILICON_MODELS.get((spec.model.name, spec.weight_dtype, spec.kv_dtype), ("", ""))[0]
+    return [check(f"vLLM serving TPOT isl={p.isl} osl={p.osl} concurrency={p.concurrency}", ck.SILICON_FILE,
+                  "tpot_s", p.tpot_s,
+                  lambda f, p=p: ck.steady_state_tpot_s(f, isl=p.isl, osl=p.osl, concurrency=p.concurrency),
+                  f"{which} on {SILICON_SYSTEM[hardware]}, vLLM (aiconfigurator silicon point), closed loop of "
+                  "fixed concurrency; twin = mean step of that loop (checks.steady_state_tpot_s)")
+            for p in kept]
+
+
+@lru_cache(maxsize=2)
+def kernel_tables(hardware: str) -> KernelTables:
+    h100 = load_tables(str(shared_dir()))
+    return h100 if hardware == "h100" else load_measured(H200_OPS, h100)
+
+
 def derive_spec(*, model: ModelShape, tp: int, weight_dtype: str, kv_dtype: str, name: str, command: str,
-                generated_on: str) -> EngineProfileSpec:
-    tables = load_tables(str(shared_dir()))
-    host = fit_host_overhead(tables)
-    skeleton = EngineProfileSpec(name=name, model=model, hardware=H100_SXM, tp=tp, weight_dtype=weight_dtype,
-                                 kv_dtype=kv_dtype, memory=memory_assumptions(model, tp=tp),
+                generated_on: str, hardware: str = "h100") -> EngineProfileSpec:
+    if hardware not in HARDWARE:
+        raise ValueError(f"unknown hardware {hardware!r} (known: {', '.join(HARDWARE)})")
+    tables = kernel_tables(hardware)
+    host = fit_host_overhead(kernel_tables("h100"))
+    skeleton = EngineProfileSpec(name=name, model=model, hardware=HARDWARE[hardware], tp=tp,
+                                 weight_dtype=weight_dtype, kv_dtype=kv_dtype, memory=memory_assumptions(model, tp=tp),
                                  provenance=Provenance(sources=[], command=command, generated_on=generated_on))
     om = OperatorStepModel(model=model, tp=tp, weight_dtype=weight_dtype, kv_dtype=kv_dtype, tables=tables)
 
@@ -183,13 +253,25 @@ def derive_spec(*, model: ModelShape, tp: int, weight_dtype: str, kv_dtype: str,
         f"Host time outside the forward pass = {host.overhead_s * 1e3:.3f} ms per step (overhead_s) + "
         f"{host.per_request_s * 1e6:.1f} us per request in the step (folded into the regime coefficients by the fit), "
         f"fitted on {len(host.tps)} vLLM 0.12 Qwen3-32B H100 serving TPOTs (aiconfigurator silicon_sample.csv); "
-        f"|rel error| after the fit: {host.summary()}. Kernel tables are vLLM 0.19 (aiconfigurator) except "
-        "elementwise ops (vidur, FP16 eager). Attention kernels are FlashAttention (vllm_flash_attn)."
+        f"|rel error| after the fit: {host.summary()}. "
     )
+    if hardware == "h100":
+        notes += ("Kernel tables are vLLM 0.19 (aiconfigurator) except elementwise ops (vidur, FP16 eager). Attention "
+                  "kernels are FlashAttention (vllm_flash_attn).")
+        sources = [*KERNEL_SOURCES, ck.SILICON_FILE]
+    else:
+        notes += ("GEMMs and bf16 attention measured on one H200 with PyTorch 2.11 / CUDA 13.0 "
+                  "(scripts/measure_gpu_ops.py; cuBLAS GEMMs, compute-bound ones at sustained clocks; the fastest of "
+                  "PyTorch's attention backends per shape; not vLLM's kernels); from the H100 tables: "
+                  f"{'; '.join(H100_FALLBACKS)}. The host time is the H100 fit (CPU-side work).")
+        sources = [*H200_OPS_SOURCES, *KERNEL_SOURCES, ck.SILICON_FILE]
+    kept, left_out = silicon_selection(spec, hardware)
+    if kept or left_out:
+        notes += (f" Serving TPOT checks: {len(kept)} silicon points of this TP; {left_out} left out because "
+                  "concurrency x (ISL + OSL) exceeds the profile's KV capacity (they queue).")
     return spec.model_copy(update={
         "checks": profile_checks(spec, compact.step_time_s, operator_step_s),
-        "provenance": Provenance(sources=[*KERNEL_SOURCES, ck.SILICON_FILE], command=command,
-                                 generated_on=generated_on, notes=notes),
+        "provenance": Provenance(sources=sources, command=command, generated_on=generated_on, notes=notes),
     })
 
 
@@ -204,12 +286,14 @@ def write_spec(spec: EngineProfileSpec, path: Path) -> None:
     path.write_text(yaml.safe_dump(data, sort_keys=False, width=120))
 
 
-def shipped_name(model: str, weight_dtype: str, tp: int) -> str:
-    return f"{model}-{weight_dtype}-tp{tp}-h100"
+def shipped_name(model: str, weight_dtype: str, tp: int, hardware: str = "h100") -> str:
+    return f"{model}-{weight_dtype}-tp{tp}-{hardware}"
 
 
-def shipped_command(model: str, weight_dtype: str, kv_dtype: str, tp: int) -> str:
-    return f"python -m twin.engine_profiles.derive --model {model} --weight-dtype {weight_dtype} --kv-dtype {kv_dtype} --tp {tp}"
+def shipped_command(model: str, weight_dtype: str, kv_dtype: str, tp: int, hardware: str = "h100") -> str:
+    cmd = (f"python -m twin.engine_profiles.derive --model {model} --weight-dtype {weight_dtype} "
+           f"--kv-dtype {kv_dtype} --tp {tp}")
+    return cmd if hardware == "h100" else f"{cmd} --hardware {hardware}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,15 +306,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tp", type=int, default=4, choices=(1, 2, 4, 8))
     ap.add_argument("--weight-dtype", default="bf16", choices=("bf16", "fp8"))
     ap.add_argument("--kv-dtype", default="bf16", choices=("bf16", "fp8"))
-    ap.add_argument("--name", help="profile name (default <model>-<weight dtype>-tp<N>-h100)")
+    ap.add_argument("--hardware", default="h100", choices=tuple(HARDWARE),
+                    help="h100: public aiconfigurator tables; h200: operators measured on an H200 (data/h200-sxm)")
+    ap.add_argument("--name", help="profile name (default <model>-<weight dtype>-tp<N>-<hardware>)")
     ap.add_argument("--date", default=dt.date.today().isoformat(), help="generated_on field (YYYY-MM-DD)")
     ap.add_argument("--out", type=Path, help="output YAML (default: stdout)")
     a = ap.parse_args(argv)
     data = Path(__file__).parent / "data"
     if a.all:
-        for m, wd, kd, tp in SHIPPED:
-            spec = derive_spec(model=MODELS[m], tp=tp, weight_dtype=wd, kv_dtype=kd, name=shipped_name(m, wd, tp),
-                               command=shipped_command(m, wd, kd, tp), generated_on=a.date)
+        for m, wd, kd, tp, hw in SHIPPED:
+            spec = derive_spec(model=MODELS[m], tp=tp, weight_dtype=wd, kv_dtype=kd, name=shipped_name(m, wd, tp, hw),
+                               command=shipped_command(m, wd, kd, tp, hw), generated_on=a.date, hardware=hw)
             write_spec(spec, data / f"{spec.name}.yaml")
             print(f"wrote {spec.name}", file=sys.stderr)
         return 0
@@ -244,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         model = ModelShape(name=a.model, num_layers=a.layers, hidden_size=a.hidden, intermediate_size=a.intermediate,
                            num_attention_heads=a.heads, num_kv_heads=a.kv_heads, head_dim=a.head_dim,
                            vocab_size=a.vocab, tie_word_embeddings=a.tied)
-    name = a.name or shipped_name(model.name, a.weight_dtype, a.tp)
+    name = a.name or shipped_name(model.name, a.weight_dtype, a.tp, a.hardware)
     args = list(argv if argv is not None else sys.argv[1:])
     for flag in ("--out", "--date"):  # where it was written and when are not part of how it was derived
         if flag in args:
@@ -253,9 +339,9 @@ def main(argv: list[str] | None = None) -> int:
     args = [x for x in args if not x.startswith(("--out=", "--date="))]
     command = " ".join(["python -m twin.engine_profiles.derive", *args])
     if a.model in MODELS and a.name is None:
-        command = shipped_command(a.model, a.weight_dtype, a.kv_dtype, a.tp)
+        command = shipped_command(a.model, a.weight_dtype, a.kv_dtype, a.tp, a.hardware)
     spec = derive_spec(model=model, tp=a.tp, weight_dtype=a.weight_dtype, kv_dtype=a.kv_dtype, name=name,
-                       command=command, generated_on=a.date)
+                       command=command, generated_on=a.date, hardware=a.hardware)
     if a.out:
         write_spec(spec, a.out)
     else:

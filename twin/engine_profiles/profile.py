@@ -246,7 +246,7 @@ class Check(_Frozen):
     """One comparison of the profile against a public measured figure (not used in the fit unless used_in_fit)."""
 
     name: str
-    source: str = Field(description="file path relative to ../shared")
+    source: str = Field(description="file path relative to ../shared (or to the repository, for files it holds)")
     quantity: str
     measured: float
     twin: float
@@ -259,7 +259,8 @@ class Check(_Frozen):
 
 
 class Provenance(_Frozen):
-    sources: list[str] = Field(description="file paths relative to ../shared")
+    sources: list[str] = Field(
+        description="file paths relative to ../shared (or to the repository, for files it holds)")
     command: str
     generated_on: str
     notes: str = ""
