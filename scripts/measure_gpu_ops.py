@@ -64,8 +64,10 @@ STACK = (  # (model, tp, weight dtype): per-rank layer stacks timed whole (secti
 )
 STACK_DECODE = ((1, 2048), (16, 2048), (64, 2048), (128, 1024))  # (batch, KV length)
 STACK_PREFILL = (512, 2048, 8192)  # one prompt of this many tokens
+STACK_MIXED = ((64, 2048, 512), (64, 2048, 2048), (128, 1024, 2048))  # decodes (batch, KV length) + one prompt
+FINE_M = tuple(range(256, 4097, 64))  # section gemm_fine: the stack models' GEMMs every 64 tokens (tile effects)
 FIELDS = ["section", "op", "dtype", "m", "m_run", "n", "k", "batch", "kv_len", "heads", "kv_heads", "head_dim",
-          "backend", "graphed", "reps", "buffers", "model", "tp", "layers", "latency_us", "latency_us_min",
+          "backend", "graphed", "reps", "buffers", "model", "tp", "layers", "chunk", "latency_us", "latency_us_min",
           "latency_us_max"]
 
 
@@ -301,6 +303,39 @@ def run_gemms(sec: Section, w: Writer, t: Timer, shapes: list[tuple[int, int, st
     sec.close(0)
 
 
+def stack_gemm_shapes(configs) -> list[tuple[int, int, str]]:
+    """(n, k, dtype) of the per-rank GEMMs of each stack configuration, in that configuration's weight dtype."""
+    out = []
+    for model, tp, wd in configs:
+        m = MODELS[model]
+        heads, kvh, hd = m["heads"] // tp, max(1, m["kv_heads"] // tp), m["head_dim"]
+        h, inter = m["hidden"], m["inter"] // tp
+        out += [(n, k, wd) for n, k in (((heads + 2 * kvh) * hd, h), (h, heads * hd), (2 * inter, h), (h, inter))]
+    return out
+
+
+def run_gemms_typed(sec: Section, w: Writer, t: Timer, shapes: list[tuple[int, int, str]], ms, device: str,
+                    section: str) -> None:
+    """GEMMs of given (n, k, dtype) at every m in ``ms``."""
+    for i, (n, k, dtype) in enumerate(shapes):
+        if sec.over():
+            sec.close((len(shapes) - i) * len(ms))
+            return
+        ws = gemm_weights(n, k, dtype, device)
+        for m in ms:
+            try:
+                fns, m_run = gemm_fns(m, ws, dtype, device)
+                times, reps, graphed = t.time(fns)
+                w.row(times, section=section, op="gemm", dtype=dtype, m=m, m_run=m_run, n=n, k=k,
+                      graphed=int(graphed), reps=reps, buffers=len(ws))
+                sec.done += 1
+            except Exception as e:  # noqa: BLE001
+                sec.fail(f"gemm {dtype} m={m} n={n} k={k}", e)
+        ws = None
+        t.free()
+    sec.close(0)
+
+
 def run_decode(sec: Section, w: Writer, t: Timer, layouts, device: str, batches, kvs) -> None:
     backends = sdpa_backends()
     todo = [(lay, b, L) for lay in layouts for L in kvs for b in batches
@@ -363,15 +398,16 @@ def one_weight(n: int, k: int, dtype: str, device: str):
     return w if dtype == "bf16" else w.to(torch.float8_e4m3fn)
 
 
-def run_stack(sec: Section, w: Writer, t: Timer, device: str, configs, decode, prefill,
+def run_stack(sec: Section, w: Writer, t: Timer, device: str, configs, decode, prefill, mixed=(),
               layers_override: int | None = None) -> None:
     """Whole per-rank forward passes without all-reduce, norms or activations: per layer the QKV GEMM, attention
-    (bf16 KV, the backend that ran fastest in the decode/prefill sections is not known here, so cuDNN then
-    flash), O, gate+up and down GEMMs, each layer with its own weights and KV, captured as one CUDA graph.
-    The derive side checks that the operator tables summed layer by layer predict these."""
+    (bf16 KV; each of cuDNN and flash, one row each), O, gate+up and down GEMMs, each layer with its own weights
+    and KV, captured as one CUDA graph. Three kinds: ``decode`` (batch, KV length), ``prefill`` (one prompt) and
+    ``mixed`` (decodes and one whole prompt in the same pass, as a chunked-prefill step runs them). The derive
+    side checks that the operator tables summed layer by layer predict these."""
     backends = dict(sdpa_backends())
-    todo = [(cfg, kind, shape) for cfg in configs for kind, shapes in (("decode", decode), ("prefill", prefill))
-            for shape in shapes]
+    todo = [(cfg, kind, shape) for cfg in configs
+            for kind, shapes in (("decode", decode), ("prefill", prefill), ("mixed", mixed)) for shape in shapes]
     state: dict = {}
     for i, ((model, tp, wd), kind, shape) in enumerate(todo):
         if sec.over():
@@ -389,48 +425,48 @@ def run_stack(sec: Section, w: Writer, t: Timer, device: str, configs, decode, p
                 layers = [[one_weight(n, k, wd, device) for n, k in shapes] for _ in range(nl)]
                 state.update(key=(model, tp, wd), layers=layers, lay=(heads, kvh, hd), h=h, inter=inter)
             heads, kvh, hd = state["lay"]
-            if kind == "decode":
-                b, L = shape
-                tokens = b
-                qs = [torch.randn(b, kvh, heads // kvh, hd, device=device, dtype=torch.bfloat16)]
-                kvs = [tuple(torch.randn(b, kvh, L, hd, device=device, dtype=torch.bfloat16) for _ in "kv")
-                       for _ in state["layers"]]
-                causal = False
-            else:
-                b, L = 1, shape
-                tokens = L
-                qs = [torch.randn(1, heads, L, hd, device=device, dtype=torch.bfloat16)]
-                kvs = [tuple(torch.randn(1, heads, L, hd, device=device, dtype=torch.bfloat16) for _ in "kv")
-                       for _ in state["layers"]]
-                causal = True
+            bf = {"device": device, "dtype": torch.bfloat16}
+            b, L, chunk = {"decode": lambda: (*shape, 0), "prefill": lambda: (0, 0, shape),
+                           "mixed": lambda: shape}[kind]()
+            tokens = b + chunk
+            # per layer: a list of attention calls (q, k, v, causal), each layer with its own K/V
+            attn = [[] for _ in state["layers"]]
+            if b:
+                qd = torch.randn(b, kvh, heads // kvh, hd, **bf)
+                for calls in attn:
+                    calls.append((qd, torch.randn(b, kvh, L, hd, **bf), torch.randn(b, kvh, L, hd, **bf), False))
+            if chunk:
+                qp = torch.randn(1, heads, chunk, hd, **bf)
+                for calls in attn:
+                    calls.append((qp, torch.randn(1, heads, chunk, hd, **bf), torch.randn(1, heads, chunk, hd, **bf),
+                                  True))
             per_layer = []  # each layer's GEMMs read that layer's own weights, its attention its own KV
             for li, ws in enumerate(state["layers"]):
-                calls = []
-                for ww in ws:
-                    calls.append(gemm_fns(tokens, [ww], wd, device)[0][0])
-                kk, vv = kvs[li]
-                per_layer.append((calls, kk, vv))
+                per_layer.append(([gemm_fns(tokens, [ww], wd, device)[0][0] for ww in ws], attn[li]))
             for bname in ("cudnn", "flash"):
                 backend = backends.get(bname)
                 if backend is None:
                     continue
 
-                def forward(per_layer=per_layer, backend=backend, q=qs[0], causal=causal):
-                    for calls, kk, vv in per_layer:
+                def forward(per_layer=per_layer, backend=backend):
+                    for calls, attention in per_layer:
                         calls[0]()
-                        with_backend(backend, lambda: F.scaled_dot_product_attention(q, kk, vv, is_causal=causal))()
+                        for q, kk, vv, causal in attention:
+                            with_backend(backend, lambda q=q, kk=kk, vv=vv, causal=causal:
+                                         F.scaled_dot_product_attention(q, kk, vv, is_causal=causal))()
                         for c in calls[1:]:
                             c()
 
                 try:
                     times, reps, graphed = t.time([forward])
-                    w.row(times, section="stack", op=f"stack_{kind}", dtype=wd, m=tokens, batch=b, kv_len=L,
+                    w.row(times, section="stack", op=f"stack_{kind}", dtype=wd, m=tokens, batch=b or 1,
+                          kv_len=L or chunk, chunk=chunk,
                           heads=heads, kv_heads=kvh, head_dim=hd, backend=bname, graphed=int(graphed), reps=reps,
                           buffers=1, model=model, tp=tp, layers=len(state["layers"]))
                     sec.done += 1
                 except Exception as e:  # noqa: BLE001
                     sec.fail(f"stack {model} tp{tp} {kind} {shape} {bname}", e)
-            per_layer = kvs = qs = None
+            per_layer = attn = None
         except Exception as e:  # noqa: BLE001
             sec.fail(f"stack {model} tp{tp} {kind} {shape}", e)
     state.clear()
@@ -536,9 +572,12 @@ def main(argv: list[str] | None = None) -> int:
         ("gemm_grid", 0.26, lambda s: run_gemms(s, w, t, [(1024, 512, "grid")] if q else grid,
                                                 (1,) if q else grid_m, a.device, "gemm_grid")),
         ("elementwise", 0.04, lambda s: run_bandwidth(s, w, t, a.device)),
+        ("gemm_fine", 0.12, lambda s: run_gemms_typed(s, w, t, stack_gemm_shapes(STACK[1:] if q else STACK),
+                                                       (256, 320) if q else FINE_M, a.device, "gemm_fine")),
         ("stack", 0.12, lambda s: run_stack(s, w, t, a.device, STACK[1:] if q else STACK,
                                             STACK_DECODE[:1] if q else STACK_DECODE,
-                                            STACK_PREFILL[:1] if q else STACK_PREFILL, 2 if q else None)),
+                                            STACK_PREFILL[:1] if q else STACK_PREFILL,
+                                            STACK_MIXED[:1] if q else STACK_MIXED, 2 if q else None)),
     ]
     if a.sections:
         wanted = a.sections.split(",")

@@ -60,6 +60,7 @@ H200_OPS = Path(__file__).parent / "data" / "h200-sxm"
 H200_OPS_SOURCES = [  # relative to the repository, not ../shared
     "twin/engine_profiles/data/h200-sxm/isolated/ops.csv",
     "twin/engine_profiles/data/h200-sxm/sustained/ops.csv",
+    "twin/engine_profiles/data/h200-sxm/fine/ops.csv",
 ]
 SILICON_SYSTEM = {"h100": "h100_sxm", "h200": "h200_sxm"}
 MODELS = {

@@ -1,14 +1,15 @@
 """Kernel tables measured on one GPU by ``scripts/measure_gpu_ops.py`` (PyTorch), as ``KernelTables`` lookups.
 
-Only ``derive`` imports this module. The folder (``data/h200-sxm/``, see its ``SOURCES.md``) holds three runs of
+Only ``derive`` imports this module. The folder (``data/h200-sxm/``, see its ``SOURCES.md``) holds five runs of
 the script, each ``ops.csv`` + ``manifest.json``: ``isolated`` (every section, 2 ms timed replays), ``sustained``
 (GEMMs at m >= 256 and prefill attention, 20 ms replays after 5 s of large GEMMs: a GPU kept busy by serving
-runs compute-bound GEMMs ~10 % slower, at power-limited clocks) and ``repeat`` (the isolated run again, for the
-run-to-run spread, plus whole layer stacks). The tables use:
+runs compute-bound GEMMs ~10 % slower, at power-limited clocks), ``fine`` (the stacked models' GEMMs every 64
+tokens, sustained), ``repeat`` (the isolated run again, for the run-to-run spread) and ``mixed``; ``repeat``,
+``sustained`` and ``mixed`` also time whole layer stacks (``stack_checks``). The tables use:
 
-* GEMMs (bf16, fp8 per-tensor) by m: ``sustained`` where measured, else ``isolated``; the exact per-rank (n, k)
-  of the shipped models where measured, else linear interpolation over the measured (n, k) grid, as for the
-  H100 tables;
+* GEMMs (bf16, fp8 per-tensor) by m: ``sustained``/``fine`` where measured, else ``isolated``, linear in m
+  between measured values; the exact per-rank (n, k) of the shipped models where measured, else linear
+  interpolation over the measured (n, k) grid, as for the H100 tables;
 * decode attention by (batch, KV length) and causal prefill attention by prompt length, per head layout,
   bf16 KV: the fastest PyTorch backend per shape (cuDNN, flash or memory-efficient), from ``isolated``;
 
@@ -35,6 +36,8 @@ from twin.engine_profiles.memory import kv_heads_per_rank
 from twin.engine_profiles.profile import ModelShape
 from twin.engine_profiles.step import prefill_attention_work
 
+SUSTAINED_RUNS = ("sustained", "fine")  # GEMMs timed in 20 ms replays after 5 s of load: they override ``isolated``
+STACK_RUNS = ("repeat", "sustained", "mixed")  # the runs holding whole-stack timings
 H100_FALLBACKS = ("fp8 KV attention: bf16 measured x H100 fp8/bf16 ratio", "all-reduce: H100 tables",
                   "elementwise: vidur H100")
 
@@ -54,7 +57,7 @@ class MeasuredTables(KernelTables):
         dec: dict[tuple, dict[tuple[int, int], float]] = {}
         pre: dict[tuple, dict[int, float]] = {}
         sustained: dict[tuple[str, int, int], dict[int, list[float]]] = {}
-        for r in read_ops(self.root / "sustained"):
+        for r in (r for run in SUSTAINED_RUNS for r in read_ops(self.root / run)):
             if r["op"] == "gemm":
                 key = ("bfloat16" if r["dtype"] == "bf16" else "fp8", int(r["n"]), int(r["k"]))
                 sustained.setdefault(key, {}).setdefault(int(r["m"]), []).append(float(r["latency_us"]) * 1e-6)
@@ -136,13 +139,14 @@ class StackCheck:
     """A whole per-rank layer stack as timed (``stack`` section) beside the operator tables' sum for it."""
 
     run: str
-    kind: str  # "decode" or "prefill"
+    kind: str  # "decode", "prefill" or "mixed" (decodes and one prompt in the same pass)
     model: str
     tp: int
     dtype: str
     tokens: int
     batch: int
     kv_len: int
+    chunk: int  # prompt tokens in a mixed pass (0 otherwise)
     layers: int
     measured_s: float
     predicted_s: float
@@ -153,30 +157,32 @@ class StackCheck:
 
 
 def stack_checks(tables: MeasuredTables, models: dict[str, ModelShape]) -> list[StackCheck]:
-    """Every measured layer stack (the ``repeat`` and ``sustained`` runs; fastest attention backend per stack)
-    against ``layers x (QKV + O + gate/up + down GEMMs + attention)`` from the tables: the stack has no
+    """Every measured layer stack (the ``repeat``, ``sustained`` and ``mixed`` runs; fastest attention backend per
+    stack) against ``layers x (QKV + O + gate/up + down GEMMs + attention)`` from the tables: the stack has no
     all-reduce, norms, activations, lm_head or host time, so neither does the prediction. Attention is bf16
-    KV (the stack's); decode stacks use one KV length for the whole batch, prefill stacks one prompt."""
+    KV (the stack's); decodes use one KV length for the whole batch, a prompt has no cached prefix."""
     best: dict[tuple, float] = {}
-    for run in ("repeat", "sustained"):
+    for run in STACK_RUNS:
         for r in read_ops(tables.root / run):
-            if r["op"] in ("stack_decode", "stack_prefill"):
+            if r["op"].startswith("stack_"):
                 key = (run, r["op"][6:], r["model"], int(float(r["tp"])), r["dtype"], int(r["m"]), int(r["batch"]),
-                       int(r["kv_len"]), int(float(r["layers"])))
+                       int(r["kv_len"]), int(r.get("chunk") or 0), int(float(r["layers"])))
                 best[key] = min(best.get(key, np.inf), float(r["latency_us"]) * 1e-6)
     out = []
-    for (run, kind, model, tp, dtype, tokens, batch, kv_len, layers), measured in sorted(best.items()):
+    for (run, kind, model, tp, dtype, tokens, batch, kv_len, chunk, layers), measured in sorted(best.items()):
         m = models[model]
         heads, kvh, hd = m.num_attention_heads // tp, kv_heads_per_rank(num_kv_heads=m.num_kv_heads, tp=tp), m.head_dim
         h, inter = m.hidden_size, m.intermediate_size // tp
         gemms = sum(tables.gemm_s(m=tokens, n=n, k=k, dtype=dtype)
                     for n, k in (((heads + 2 * kvh) * hd, h), (h, heads * hd), (2 * inter, h), (h, inter)))
         lay = {"heads": heads, "kv_heads": kvh, "head_dim": hd, "kv_dtype": "bf16"}
-        if kind == "decode":
-            attention = tables.decode_attention_s(batch=batch, kv_len=kv_len, **lay)
-        else:
+        if kind == "prefill":
             attention = tables.prefill_attention_s(pairs=prefill_attention_work(0, tokens), **lay)
+        else:
+            attention = tables.decode_attention_s(batch=batch, kv_len=kv_len, **lay)
+            if kind == "mixed":
+                attention += tables.prefill_attention_s(pairs=prefill_attention_work(0, chunk), **lay)
         out.append(StackCheck(run=run, kind=kind, model=model, tp=tp, dtype=dtype, tokens=tokens, batch=batch,
-                              kv_len=kv_len, layers=layers, measured_s=measured,
+                              kv_len=kv_len, chunk=chunk, layers=layers, measured_s=measured,
                               predicted_s=layers * (gemms + attention)))
     return out
