@@ -265,6 +265,93 @@ def speed_probe(cpus: list[int]) -> dict:
             "trials": len(times)}
 
 
+PROBE_SAMPLE_S = 0.25
+_SAMPLER = r"""
+import os, sys, time, torch
+cpus = [int(c) for c in sys.argv[2].split(",") if c]
+if cpus:
+    os.sched_setaffinity(0, set(cpus))
+torch.set_num_threads(1)
+g = torch.Generator().manual_seed(0)
+x = torch.randn(16, 256, generator=g).to(torch.bfloat16)
+w1 = torch.randn(256, 1024, generator=g).to(torch.bfloat16) * 0.05
+w2 = torch.randn(512, 256, generator=g).to(torch.bfloat16) * 0.05
+def trial():
+    h = x
+    for _ in range(int(sys.argv[4])):
+        a = h @ w1
+        a = torch.nn.functional.silu(a[:, :512]) * a[:, 512:]
+        h = a @ w2
+        h = h * torch.rsqrt(h.float().pow(2).mean(-1, keepdim=True) + 1e-5).to(h.dtype)
+trial()
+parent = int(sys.argv[5])
+with open(sys.argv[1], "w") as out:
+    while os.getppid() == parent:  # ends with the recorder even if it is killed
+        t0 = time.perf_counter()
+        trial()
+        out.write(f"{time.monotonic():.6f} {time.perf_counter() - t0:.7f}\n")
+        out.flush()
+        time.sleep(float(sys.argv[3]))
+"""
+
+
+def start_sampler(cpus: list[int], path: Path):
+    """The speed probe sampled during a run: a process bound to ``cpus`` (the front end's, so the model's core is
+    left alone) that times one probe trial every ``PROBE_SAMPLE_S`` seconds into ``path`` (~2 % of that core). The
+    0.1 s probe before and after a run missed a run that went 20 % faster than its repeats (docs/calibration.md,
+    "The speed probe during the run"); this one covers the whole run. Returns the process once it has sampled
+    (or None if it could not start); start it before the run, since it takes seconds to import torch."""
+    import subprocess
+    import sys
+
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", _SAMPLER, str(path), ",".join(map(str, cpus)),
+                                 str(PROBE_SAMPLE_S), str(PROBE_LAYERS), str(os.getpid())], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except OSError:
+        return None
+    deadline = time.monotonic() + 60  # importing torch takes seconds: wait for the first sample
+    while time.monotonic() < deadline and proc.poll() is None:
+        if path.is_file() and path.stat().st_size > 0:
+            break
+        time.sleep(0.05)
+    return proc
+
+
+def stop_sampler(proc, path: Path, cpus: list[int], t_start: float, t_end: float) -> dict:
+    """Stops the sampler and summarises the trials that fell between ``t_start`` and ``t_end`` (monotonic)."""
+    if proc is None:
+        return {"error": "no sampler"}
+    if proc.poll() is not None:
+        return {"error": f"sampler exited with {proc.returncode}"}
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except Exception:  # noqa: BLE001 - a sampler that will not stop is killed
+        proc.kill()
+    times = []
+    try:
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 2 and t_start <= float(parts[0]) <= t_end:
+                times.append(float(parts[1]))
+    except OSError as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
+    if not times:
+        return {"cpus": sorted(cpus), "trials": 0}
+    times.sort()
+    n = len(times)
+    return {"cpus": sorted(cpus), "trials": n, "interval_s": PROBE_SAMPLE_S, "median_s": _r6(times[n // 2]),
+            "p10_s": _r6(times[n // 10]), "p90_s": _r6(times[(9 * n) // 10]), "min_s": _r6(times[0])}
+
+
+def front_end_cpus(engine: list[int]) -> list[int]:
+    """The CPUs this process may use that the model's threads do not (all of them when none is bound)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    free = [c for c in allowed if c not in set(engine)]
+    return free or allowed
+
+
 def probe_or_error(cpus: list[int]) -> dict:
     """``speed_probe``, or what went wrong: a probe never fails a recording."""
     try:
