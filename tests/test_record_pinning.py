@@ -82,31 +82,3 @@ def test_nothing_is_pinned_without_a_bound_thread() -> None:
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["info"]["pinned"] is False and r["info"]["engine_cpus"] == [] and r["same"]
-
-
-def test_sampler_summary_keeps_the_run_window(tmp_path) -> None:
-    """The during-run probe's summary uses only the trials timed between the run's start and end."""
-    from twin.calibration import _vllm_common as common
-
-    path = tmp_path / "probe-during.txt"
-    path.write_text("".join(f"{t:.6f} {s:.7f}\n" for t, s in
-                            [(9.0, 0.9), (10.0, 0.004), (10.5, 0.006), (11.0, 0.005), (11.5, 0.010), (13.0, 0.8)]))
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    summary = common.stop_sampler(proc, path, [1], 10.0, 12.0)
-    assert proc.poll() is not None  # stopped
-    assert summary == {"cpus": [1], "trials": 4, "interval_s": common.PROBE_SAMPLE_S, "median_s": 0.006,
-                       "p10_s": 0.004, "p90_s": 0.01, "min_s": 0.004}
-    gone = subprocess.Popen([sys.executable, "-c", "pass"])
-    gone.wait()
-    assert common.stop_sampler(gone, path, [1], 10.0, 12.0)["error"].startswith("sampler exited")
-    assert common.stop_sampler(None, path, [1], 10.0, 12.0) == {"error": "no sampler"}
-
-
-def test_front_end_cpus_are_the_ones_the_model_leaves() -> None:
-    from twin.calibration import _vllm_common as common
-
-    allowed = sorted(os.sched_getaffinity(0))
-    assert common.front_end_cpus([]) == allowed
-    assert common.front_end_cpus(allowed) == allowed  # nothing left over: all of them
-    if len(allowed) > 1:
-        assert common.front_end_cpus(allowed[:1]) == allowed[1:]

@@ -46,12 +46,6 @@ def _check(out: Path, spec: WorkloadSpec) -> None:
         assert "error" not in probe[when], probe[when]
         assert 0 < probe[when]["min_s"] <= probe[when]["median_s"] < 1.0
         assert probe[when]["trials"] == 21 and probe[when]["cpus"]
-    # and during the run, sampled on the front end's cores every 0.25 s (_vllm_common.start_sampler)
-    during = probe["during"]
-    assert "error" not in during, during
-    assert during["trials"] >= 1 and 0 < during["min_s"] <= during["median_s"] < 1.0
-    if len(os.sched_getaffinity(0)) > 1:
-        assert not set(during["cpus"]) & set(probe["before"]["cpus"])
 
 
 def test_record_offline(vllm_venv: Path, tmp_path: Path) -> None:

@@ -163,7 +163,6 @@ def run_server(job: dict) -> None:
     # process lands in another scheduling autogroup and starves on a busy machine (recipe).
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, process_group=0)
     (scratch / "server.pgid").write_text(str(proc.pid))
-    sampler = None
     try:
         deadline = time.monotonic() + job.get("startup_timeout_s", 300)
         while http_get(base + "/health", timeout=2)[0] != 200:
@@ -180,9 +179,6 @@ def run_server(job: dict) -> None:
                 raise RuntimeError("could not scrape /metrics before the warm-up")
             warmup = warm_up(base, model, engine, common.parse_prometheus(text)[1], job["timeout_s"])
         cpus = pinning.get("engine_cpus") or common.engine_cpus(proc.pid)
-        during_cpus = pinning.get("front_end_cpus") or common.front_end_cpus(cpus)
-        sampler_path = scratch / "probe-during.txt"
-        sampler = common.start_sampler(during_cpus, sampler_path) if job.get("speed_probe", True) else None
         probe_before = common.probe_or_error(cpus) if job.get("speed_probe", True) else None
         status, text = http_get(base + "/metrics")
         if status != 200:
@@ -190,10 +186,7 @@ def run_server(job: dict) -> None:
         before, cache_info = common.parse_prometheus(text)
         log.flush()
         offset = log_path.stat().st_size
-        t_run = time.monotonic()
         requests, _ = asyncio.run(_send_all(base, model, job["requests"], job["timeout_s"]))
-        during = common.stop_sampler(sampler, sampler_path, during_cpus, t_run, time.monotonic()) \
-            if probe_before is not None else None
         # Iteration lines are logged by the API process right after each step's outputs; give the
         # last ones a moment to reach the log.
         time.sleep(1.0)
@@ -204,8 +197,6 @@ def run_server(job: dict) -> None:
         cache_info = cache_info_after or cache_info
         probe_after = common.probe_or_error(cpus) if probe_before is not None else None
     finally:
-        if sampler is not None and sampler.poll() is None:
-            sampler.kill()
         stop_group(proc)
         log.close()
     full_log = log_path.read_text(errors="replace")
@@ -235,8 +226,7 @@ def run_server(job: dict) -> None:
     workload["warmup_requests"] = warmup
     workload["front_end_pinning"] = pinning
     if probe_before is not None:
-        workload["speed_probe"] = {"before": probe_before, "after": probe_after} | (
-            {} if during is None else {"during": during})
+        workload["speed_probe"] = {"before": probe_before, "after": probe_after}
     kv = common.KV_SIZE_RE.search(full_log)
     if kv:
         # The start-up line "KV cache size: N tokens" counts every block, the null block included.

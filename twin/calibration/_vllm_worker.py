@@ -75,11 +75,7 @@ def run_offline(job: dict) -> None:
     llm = LLM(model=job["model_dir"], **common.engine_kwargs(engine))
     # the engine's processes are in this process's group (record.py starts it as a group leader)
     cpus = common.engine_cpus(os.getpgid(0))
-    sampler_path = Path(job["scratch_dir"]) / "probe-during.txt" if job.get("scratch_dir") else None
-    during_cpus = common.front_end_cpus(cpus)
-    probing = job.get("speed_probe", True)
-    sampler = common.start_sampler(during_cpus, sampler_path) if probing and sampler_path else None
-    probe_before = common.probe_or_error(cpus) if probing else None
+    probe_before = common.probe_or_error(cpus) if job.get("speed_probe", True) else None
     vcfg = llm.llm_engine.vllm_config
     cache, sched = vcfg.cache_config, vcfg.scheduler_config
 
@@ -125,10 +121,7 @@ def run_offline(job: dict) -> None:
             st["times"].extend([now] * n_new)
             if out.num_cached_tokens is not None:
                 st["cached"] = int(out.num_cached_tokens)
-    t_end = time.monotonic()
     logging.getLogger("vllm").removeHandler(handler)
-    during = common.stop_sampler(sampler, sampler_path, during_cpus, t0, t_end) if sampler_path and \
-        probe_before is not None else None
     after = counters()
     probe_after = common.probe_or_error(cpus) if probe_before is not None else None
 
@@ -162,8 +155,7 @@ def run_offline(job: dict) -> None:
             "engine_args": common.engine_cli_args(engine),
             "metrics_delta": common.delta(after, before),
             "workload": job["workload"] | ({} if probe_before is None else
-                                           {"speed_probe": {"before": probe_before, "after": probe_after}
-                                            | ({} if during is None else {"during": during})}),
+                                           {"speed_probe": {"before": probe_before, "after": probe_after}}),
         }
     )
     common.write_run(Path(job["out_dir"]), run, requests, iterations)
