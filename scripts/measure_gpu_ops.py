@@ -171,17 +171,21 @@ class Writer:
         self.rows += 1
 
 
+def rank_layout(model: str, tp: int) -> tuple[int, int, int, list[tuple[int, int]]]:
+    """Per-rank (heads, KV heads, head dim) and the (n, k) of the QKV, O, gate+up and down GEMMs at TP ``tp``."""
+    m = MODELS[model]
+    heads, kvh, hd = m["heads"] // tp, max(1, m["kv_heads"] // tp), m["head_dim"]
+    h, inter = m["hidden"], m["inter"] // tp
+    return heads, kvh, hd, [((heads + 2 * kvh) * hd, h), (h, heads * hd), (2 * inter, h), (h, inter)]
+
+
 def model_gemm_shapes(models: list[str]) -> list[tuple[int, int, str]]:
     """(n, k, kind) per-rank GEMMs of every model at every TP: QKV, O, gate+up, down, lm_head (bf16 only)."""
     out = []
     for name in models:
-        m = MODELS[name]
         for tp in TPS:
-            heads, kvh = m["heads"] // tp, max(1, m["kv_heads"] // tp)
-            hd, h, inter = m["head_dim"], m["hidden"], m["inter"] // tp
-            for n, k in (((heads + 2 * kvh) * hd, h), (h, heads * hd), (2 * inter, h), (h, inter)):
-                out.append((n, k, "layer"))
-            out.append((-(-m["vocab"] // tp), h, "lm_head"))
+            out += [(n, k, "layer") for n, k in rank_layout(name, tp)[3]]
+            out.append((-(-MODELS[name]["vocab"] // tp), MODELS[name]["hidden"], "lm_head"))
     seen, uniq = set(), []
     for s in out:
         if s not in seen:
@@ -193,9 +197,8 @@ def model_gemm_shapes(models: list[str]) -> list[tuple[int, int, str]]:
 def attention_layouts(models: list[str]) -> list[tuple[int, int, int]]:
     seen, out = set(), []
     for name in models:
-        m = MODELS[name]
         for tp in TPS:
-            lay = (m["heads"] // tp, max(1, m["kv_heads"] // tp), m["head_dim"])
+            lay = rank_layout(name, tp)[:3]
             if lay not in seen:
                 seen.add(lay)
                 out.append(lay)
@@ -278,10 +281,22 @@ class Section:
 
 def run_gemms(sec: Section, w: Writer, t: Timer, shapes: list[tuple[int, int, str]], ms, device: str,
               section: str) -> None:
-    todo = [(n, k, dtype) for n, k, kind in shapes for dtype in (("bf16",) if kind == "lm_head" else ("bf16", "fp8"))]
-    for i, (n, k, dtype) in enumerate(todo):
+    """GEMMs of the (n, k, kind) shapes at every m in ``ms``: bf16 and fp8, lm_head bf16 only."""
+    typed = [(n, k, dtype) for n, k, kind in shapes for dtype in (("bf16",) if kind == "lm_head" else ("bf16", "fp8"))]
+    run_gemms_typed(sec, w, t, typed, ms, device, section)
+
+
+def stack_gemm_shapes(configs) -> list[tuple[int, int, str]]:
+    """(n, k, dtype) of the per-rank GEMMs of each stack configuration, in that configuration's weight dtype."""
+    return [(n, k, wd) for model, tp, wd in configs for n, k in rank_layout(model, tp)[3]]
+
+
+def run_gemms_typed(sec: Section, w: Writer, t: Timer, shapes: list[tuple[int, int, str]], ms, device: str,
+                    section: str) -> None:
+    """GEMMs of given (n, k, dtype) at every m in ``ms``."""
+    for i, (n, k, dtype) in enumerate(shapes):
         if sec.over():
-            sec.close((len(todo) - i) * len(ms))
+            sec.close((len(shapes) - i) * len(ms))
             return
         try:
             ws = gemm_weights(n, k, dtype, device)
@@ -298,39 +313,6 @@ def run_gemms(sec: Section, w: Writer, t: Timer, shapes: list[tuple[int, int, st
             except Exception as e:  # noqa: BLE001
                 sec.fail(f"gemm {dtype} m={m} n={n} k={k}", e)
             fns = None
-        ws = None
-        t.free()
-    sec.close(0)
-
-
-def stack_gemm_shapes(configs) -> list[tuple[int, int, str]]:
-    """(n, k, dtype) of the per-rank GEMMs of each stack configuration, in that configuration's weight dtype."""
-    out = []
-    for model, tp, wd in configs:
-        m = MODELS[model]
-        heads, kvh, hd = m["heads"] // tp, max(1, m["kv_heads"] // tp), m["head_dim"]
-        h, inter = m["hidden"], m["inter"] // tp
-        out += [(n, k, wd) for n, k in (((heads + 2 * kvh) * hd, h), (h, heads * hd), (2 * inter, h), (h, inter))]
-    return out
-
-
-def run_gemms_typed(sec: Section, w: Writer, t: Timer, shapes: list[tuple[int, int, str]], ms, device: str,
-                    section: str) -> None:
-    """GEMMs of given (n, k, dtype) at every m in ``ms``."""
-    for i, (n, k, dtype) in enumerate(shapes):
-        if sec.over():
-            sec.close((len(shapes) - i) * len(ms))
-            return
-        ws = gemm_weights(n, k, dtype, device)
-        for m in ms:
-            try:
-                fns, m_run = gemm_fns(m, ws, dtype, device)
-                times, reps, graphed = t.time(fns)
-                w.row(times, section=section, op="gemm", dtype=dtype, m=m, m_run=m_run, n=n, k=k,
-                      graphed=int(graphed), reps=reps, buffers=len(ws))
-                sec.done += 1
-            except Exception as e:  # noqa: BLE001
-                sec.fail(f"gemm {dtype} m={m} n={n} k={k}", e)
         ws = None
         t.free()
     sec.close(0)
@@ -418,12 +400,10 @@ def run_stack(sec: Section, w: Writer, t: Timer, device: str, configs, decode, p
             if state.get("key") != (model, tp, wd):
                 state.clear()
                 t.free()
-                heads, kvh, hd = m["heads"] // tp, max(1, m["kv_heads"] // tp), m["head_dim"]
-                h, inter = m["hidden"], m["inter"] // tp
-                shapes = [((heads + 2 * kvh) * hd, h), (h, heads * hd), (2 * inter, h), (h, inter)]
+                heads, kvh, hd, shapes = rank_layout(model, tp)
                 nl = layers_override or m["layers"]
                 layers = [[one_weight(n, k, wd, device) for n, k in shapes] for _ in range(nl)]
-                state.update(key=(model, tp, wd), layers=layers, lay=(heads, kvh, hd), h=h, inter=inter)
+                state.update(key=(model, tp, wd), layers=layers, lay=(heads, kvh, hd))
             heads, kvh, hd = state["lay"]
             bf = {"device": device, "dtype": torch.bfloat16}
             b, L, chunk = {"decode": lambda: (*shape, 0), "prefill": lambda: (0, 0, shape),
