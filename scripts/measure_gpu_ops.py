@@ -1,9 +1,13 @@
-"""Measure the operator timings an engine profile is derived from, on the GPU this runs on.
+r"""Measure the operator timings an engine profile is derived from, on the GPU this runs on.
 
-    python scripts/measure_gpu_ops.py --out DIR [--budget-s 300] [--models llama3-8b,llama3-70b]
+    python scripts/measure_gpu_ops.py --out DIR [--budget-s 300] [--models llama3-8b,llama3-70b] [--sections ...]
+    python scripts/measure_gpu_ops.py --out DIR2 --sections gemm_models,prefill_attention,gemm_grid,stack \
+           --min-m 256 --graph-target-s 0.02 --heat-s 5          # compute-bound GEMMs at sustained clocks
+    python -m twin.engine_profiles.derive --model llama3-70b --tp 4 --ops DIR DIR2 --out my-gpu.yaml
 
-Needs only PyTorch (CUDA build) and numpy-free Python: no vLLM, no network. Writes, as it goes (a row is flushed
-the moment it is measured, so a run stopped at its time budget keeps everything measured so far):
+(docs/profiles.md, "H200 profiles"). Needs only PyTorch (CUDA build) and the standard library: no vLLM, no
+network. Writes, as it goes (a row is flushed the moment it is measured, so a run stopped at its time budget
+keeps everything measured so far):
 
 * ``DIR/ops.csv``: one row per operator call shape: bf16 and fp8 (per-tensor scaled, ``torch._scaled_mm``)
   GEMMs by (m, n, k); decode attention by (batch, KV length, heads, KV heads); causal prefill attention by

@@ -146,3 +146,25 @@ def test_derive_cli_h200_custom_shape(tmp_path) -> None:
     assert "--hardware h200" in spec.provenance.command
     assert spec.provenance.sources[0] == "twin/engine_profiles/data/h200-sxm/isolated/ops.csv"
     assert not [c for c in spec.checks if "splitwise" in c.name or "argonne" in c.name]  # H100 figures only
+
+
+def test_derive_from_your_own_measured_runs(tmp_path) -> None:
+    """``--ops RUN_DIR...`` derives for the GPU the runs were measured on: the shipped H200 runs reproduce the
+    shipped H200 coefficients, the hardware comes from the manifest, and a folder without ops.csv exits 2."""
+    from twin.engine_profiles import derive
+
+    out = tmp_path / "mine.yaml"
+    runs = [str(DATA / r) for r in ("isolated", "sustained", "fine")]
+    rc = derive.main(["--model", "llama3-70b", "--weight-dtype", "fp8", "--kv-dtype", "fp8", "--tp", "4",
+                      "--ops", *runs, "--gpus-per-node", "4", "--price-per-gpu-hour", "3.1", "--out", str(out)])
+    assert rc == 0
+    mine, shipped = load_profile(str(out)).spec, load_profile("llama3-70b-fp8-tp4-h200").spec
+    assert mine.step_time == shipped.step_time and mine.memory == shipped.memory
+    assert mine.name == "llama3-70b-fp8-tp4-nvidia-h200"
+    assert (mine.hardware.name, mine.hardware.gpu_memory_bytes) == ("NVIDIA H200", 150_109_880_320)
+    assert (mine.hardware.gpus_per_node, mine.hardware.price_per_gpu_hour_usd) == (4, 3.1)
+    assert mine.checks == []  # no public serving points for a GPU measured by the user
+    assert mine.provenance.sources[:3] == [f"{r}/ops.csv" for r in runs]
+    with pytest.raises(SystemExit) as e:
+        derive.main(["--ops", str(tmp_path)])
+    assert e.value.code == 2

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import re
 import sys
 from dataclasses import dataclass
 from functools import lru_cache
@@ -35,7 +36,7 @@ from twin.engine_profiles.fit import fit_step_time, nnls
 from twin.engine_profiles.grid import fit_grid
 from twin.engine_profiles.kernels import KERNEL_SOURCES, KernelTables, load_tables
 from twin.engine_profiles.memory import derive_num_gpu_blocks
-from twin.engine_profiles.measured_kernels import H100_FALLBACKS, load_measured
+from twin.engine_profiles.measured_kernels import H100_FALLBACKS, H200_TABLE_RUNS, load_measured, run_manifest
 from twin.engine_profiles.operator_model import OperatorStepModel
 from twin.engine_profiles.profile import (
     Check,
@@ -145,7 +146,7 @@ def fit_host_overhead(tables) -> HostOverhead:
                         rel_errors=tuple(float(e) for e in (pred - y) / y), tps=tuple(p.tp for p in points))
 
 
-def profile_checks(spec: EngineProfileSpec, step_s, operator_step_s) -> list[Check]:
+def profile_checks(spec: EngineProfileSpec, step_s, operator_step_s, hardware: str = "h100") -> list[Check]:
     """Every public figure that matches the profile's configuration, evaluated with the compact model
     (``step_s``, what the simulator uses) and with the operator-level model it was fitted to."""
     root, out = shared_dir(), []
@@ -157,7 +158,6 @@ def profile_checks(spec: EngineProfileSpec, step_s, operator_step_s) -> list[Che
                      notes=notes)
 
     mname, tp, wd = spec.model.name, spec.tp, spec.weight_dtype
-    hardware = next(k for k, hw in HARDWARE.items() if hw == spec.hardware)
     out.extend(silicon_checks(spec, _check, hardware))
     if hardware != "h100":  # the rest are H100 measurements
         return out
@@ -202,7 +202,7 @@ def silicon_selection(spec: EngineProfileSpec, hardware: str) -> tuple[list[ck.S
     closed loop (concurrency x (ISL + OSL) tokens) does not fit the KV cache: those queue (TTFTs of seconds
     to a minute in the file), so their TPOT is not the steady state ``steady_state_tpot_s`` models."""
     which = SILICON_MODELS.get((spec.model.name, spec.weight_dtype, spec.kv_dtype))
-    if which is None:
+    if which is None or hardware not in SILICON_SYSTEM:  # a GPU measured by the user has no public points here
         return [], 0
     points = [p for p in ck.silicon_points(shared_dir(), model_path=which[0], system=SILICON_SYSTEM[hardware],
                                            precision=which[1]) if p.tp == spec.tp]
@@ -225,16 +225,34 @@ def silicon_checks(spec: EngineProfileSpec, check, hardware: str) -> list[Check]
 @lru_cache(maxsize=2)
 def kernel_tables(hardware: str) -> KernelTables:
     h100 = load_tables(str(shared_dir()))
-    return h100 if hardware == "h100" else load_measured(H200_OPS, h100)
+    return h100 if hardware == "h100" else load_measured([H200_OPS / r for r in H200_TABLE_RUNS], h100)
+
+
+def hardware_from_ops(runs: list[Path], *, gpus_per_node: int = 8, price_per_gpu_hour_usd: float | None = None
+                      ) -> Hardware:
+    """The GPU a ``measure_gpu_ops.py`` run was measured on, from its manifest (name, memory CUDA reports)."""
+    env = run_manifest(runs[0]).get("environment", {})
+    if not env.get("gpu") or not env.get("mem_get_info_total_bytes"):
+        raise ValueError(f"{runs[0]}: manifest.json names no GPU and its memory (not a CUDA run?)")
+    return Hardware(name=env["gpu"], gpu_memory_bytes=int(env["mem_get_info_total_bytes"]),
+                    gpus_per_node=gpus_per_node, price_per_gpu_hour_usd=price_per_gpu_hour_usd)
 
 
 def derive_spec(*, model: ModelShape, tp: int, weight_dtype: str, kv_dtype: str, name: str, command: str,
-                generated_on: str, hardware: str = "h100") -> EngineProfileSpec:
-    if hardware not in HARDWARE:
+                generated_on: str, hardware: str = "h100", ops: list[Path] | None = None,
+                ops_hardware: Hardware | None = None) -> EngineProfileSpec:
+    """``ops`` (run folders of ``scripts/measure_gpu_ops.py``, measured on ``ops_hardware``) replaces the tables of
+    a named ``hardware``; the profile is then for that GPU ("measured")."""
+    if ops:
+        hardware = "measured"
+        tables = load_measured(ops, kernel_tables("h100"))
+        hw = ops_hardware or hardware_from_ops(ops)
+    elif hardware in HARDWARE:
+        tables, hw = kernel_tables(hardware), HARDWARE[hardware]
+    else:
         raise ValueError(f"unknown hardware {hardware!r} (known: {', '.join(HARDWARE)})")
-    tables = kernel_tables(hardware)
     host = fit_host_overhead(kernel_tables("h100"))
-    skeleton = EngineProfileSpec(name=name, model=model, hardware=HARDWARE[hardware], tp=tp,
+    skeleton = EngineProfileSpec(name=name, model=model, hardware=hw, tp=tp,
                                  weight_dtype=weight_dtype, kv_dtype=kv_dtype, memory=memory_assumptions(model, tp=tp),
                                  provenance=Provenance(sources=[], command=command, generated_on=generated_on))
     om = OperatorStepModel(model=model, tp=tp, weight_dtype=weight_dtype, kv_dtype=kv_dtype, tables=tables)
@@ -260,18 +278,22 @@ def derive_spec(*, model: ModelShape, tp: int, weight_dtype: str, kv_dtype: str,
         notes += ("Kernel tables are vLLM 0.19 (aiconfigurator) except elementwise ops (vidur, FP16 eager). Attention "
                   "kernels are FlashAttention (vllm_flash_attn).")
         sources = [*KERNEL_SOURCES, ck.SILICON_FILE]
-    else:
+    elif hardware == "h200":
         notes += ("GEMMs and bf16 attention measured on one H200 with PyTorch 2.11 / CUDA 13.0 "
                   "(scripts/measure_gpu_ops.py; cuBLAS GEMMs, compute-bound ones at sustained clocks; the fastest of "
                   "PyTorch's attention backends per shape; not vLLM's kernels); from the H100 tables: "
                   f"{'; '.join(H100_FALLBACKS)}. The host time is the H100 fit (CPU-side work).")
         sources = [*H200_OPS_SOURCES, *KERNEL_SOURCES, ck.SILICON_FILE]
+    else:
+        notes += (f"GEMMs and bf16 attention measured on {hw.name} with scripts/measure_gpu_ops.py (run folders in "
+                  f"sources); from the H100 tables: {'; '.join(H100_FALLBACKS)}. The host time is the H100 fit.")
+        sources = [*(str(Path(r) / "ops.csv") for r in ops), *KERNEL_SOURCES]
     kept, left_out = silicon_selection(spec, hardware)
     if kept or left_out:
         notes += (f" Serving TPOT checks: {len(kept)} silicon points of this TP; {left_out} left out because "
                   "concurrency x (ISL + OSL) exceeds the profile's KV capacity (they queue).")
     return spec.model_copy(update={
-        "checks": profile_checks(spec, compact.step_time_s, operator_step_s),
+        "checks": profile_checks(spec, compact.step_time_s, operator_step_s, hardware),
         "provenance": Provenance(sources=sources, command=command, generated_on=generated_on, notes=notes),
     })
 
@@ -309,6 +331,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-dtype", default="bf16", choices=("bf16", "fp8"))
     ap.add_argument("--hardware", default="h100", choices=tuple(HARDWARE),
                     help="h100: public aiconfigurator tables; h200: operators measured on an H200 (data/h200-sxm)")
+    ap.add_argument("--ops", type=Path, nargs="+", metavar="RUN_DIR",
+                    help="instead of --hardware: your own GPU, from run folders of scripts/measure_gpu_ops.py "
+                         "(runs with --graph-target-s >= 0.01 count as sustained-clock GEMMs)")
+    ap.add_argument("--gpus-per-node", type=int, default=8, help="with --ops (default 8)")
+    ap.add_argument("--price-per-gpu-hour", type=float, help="with --ops: USD per GPU-hour (default none)")
     ap.add_argument("--name", help="profile name (default <model>-<weight dtype>-tp<N>-<hardware>)")
     ap.add_argument("--date", default=dt.date.today().isoformat(), help="generated_on field (YYYY-MM-DD)")
     ap.add_argument("--out", type=Path, help="output YAML (default: stdout)")
@@ -331,7 +358,18 @@ def main(argv: list[str] | None = None) -> int:
         model = ModelShape(name=a.model, num_layers=a.layers, hidden_size=a.hidden, intermediate_size=a.intermediate,
                            num_attention_heads=a.heads, num_kv_heads=a.kv_heads, head_dim=a.head_dim,
                            vocab_size=a.vocab, tie_word_embeddings=a.tied)
-    name = a.name or shipped_name(model.name, a.weight_dtype, a.tp, a.hardware)
+    ops_hardware = None
+    if a.ops:
+        for run in a.ops:
+            if not (run / "ops.csv").is_file():
+                ap.error(f"--ops: {run} has no ops.csv (give folders written by scripts/measure_gpu_ops.py --out)")
+        try:
+            ops_hardware = hardware_from_ops(a.ops, gpus_per_node=a.gpus_per_node,
+                                             price_per_gpu_hour_usd=a.price_per_gpu_hour)
+        except ValueError as exc:
+            ap.error(f"--ops: {exc}")
+    slug = re.sub(r"[^a-z0-9]+", "-", ops_hardware.name.lower()).strip("-") if ops_hardware else a.hardware
+    name = a.name or shipped_name(model.name, a.weight_dtype, a.tp, slug)
     args = list(argv if argv is not None else sys.argv[1:])
     for flag in ("--out", "--date"):  # where it was written and when are not part of how it was derived
         if flag in args:
@@ -339,10 +377,11 @@ def main(argv: list[str] | None = None) -> int:
             del args[i : i + 2]
     args = [x for x in args if not x.startswith(("--out=", "--date="))]
     command = " ".join(["python -m twin.engine_profiles.derive", *args])
-    if a.model in MODELS and a.name is None:
+    if a.model in MODELS and a.name is None and not a.ops:
         command = shipped_command(a.model, a.weight_dtype, a.kv_dtype, a.tp, a.hardware)
     spec = derive_spec(model=model, tp=a.tp, weight_dtype=a.weight_dtype, kv_dtype=a.kv_dtype, name=name,
-                       command=command, generated_on=a.date, hardware=a.hardware)
+                       command=command, generated_on=a.date, hardware=a.hardware, ops=a.ops,
+                       ops_hardware=ops_hardware)
     if a.out:
         write_spec(spec, a.out)
     else:

@@ -1,6 +1,7 @@
 """Kernel tables measured on one GPU by ``scripts/measure_gpu_ops.py`` (PyTorch), as ``KernelTables`` lookups.
 
-Only ``derive`` imports this module. The folder (``data/h200-sxm/``, see its ``SOURCES.md``) holds five runs of
+Only ``derive`` imports this module: for the shipped H200 runs (``--hardware h200``) or a user's own run folders
+(``--ops``). The H200 folder (``data/h200-sxm/``, see its ``SOURCES.md``) holds five runs of
 the script, each ``ops.csv`` + ``manifest.json``: ``isolated`` (every section, 2 ms timed replays), ``sustained``
 (GEMMs at m >= 256 and prefill attention, 20 ms replays after 5 s of large GEMMs: a GPU kept busy by serving
 runs compute-bound GEMMs ~10 % slower, at power-limited clocks), ``fine`` (the stacked models' GEMMs every 64
@@ -26,6 +27,7 @@ and takes from the H100 tables what one PyTorch GPU cannot measure (``H100_FALLB
 from __future__ import annotations
 
 import csv
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +38,7 @@ from twin.engine_profiles.memory import kv_heads_per_rank
 from twin.engine_profiles.profile import ModelShape
 from twin.engine_profiles.step import prefill_attention_work
 
-SUSTAINED_RUNS = ("sustained", "fine")  # GEMMs timed in 20 ms replays after 5 s of load: they override ``isolated``
+H200_TABLE_RUNS = ("isolated", "sustained", "fine")  # the runs the shipped H200 tables are read from
 STACK_RUNS = ("repeat", "sustained", "mixed")  # the runs holding whole-stack timings
 H100_FALLBACKS = ("fp8 KV attention: bf16 measured x H100 fp8/bf16 ratio", "all-reduce: H100 tables",
                   "elementwise: vidur H100")
@@ -44,41 +46,55 @@ H100_FALLBACKS = ("fp8 KV attention: bf16 measured x H100 fp8/bf16 ratio", "all-
 
 @dataclass(eq=False)
 class MeasuredTables(KernelTables):
-    """``KernelTables`` read from a measured ops folder; ``h100`` supplies what the folder cannot."""
+    """``KernelTables`` read from measured run folders (``runs``); ``h100`` supplies what they cannot.
+
+    A run whose manifest says ``graph_target_s`` >= 0.01 was timed at sustained clocks: its GEMMs replace the
+    other runs' at the same shape and m. Of the other runs, GEMMs and attention cells are the median across
+    runs (attention: each run's fastest backend)."""
 
     h100: KernelTables | None = None
+    runs: tuple[Path, ...] = ()
     _exact: set[tuple[str, int, int]] | None = None
 
     def load(self) -> MeasuredTables:  # noqa: C901 - one pass over each run's CSV, grouped by op
         if self.h100 is None:
             raise ValueError("MeasuredTables needs the H100 tables for all-reduce, elementwise and fp8 KV ratios")
+        if not self.runs:
+            raise ValueError("MeasuredTables needs at least one run folder")
         gemm: dict[tuple[str, int, int], dict[int, list[float]]] = {}
-        grid: set[tuple[int, int]] = set()
-        dec: dict[tuple, dict[tuple[int, int], float]] = {}
-        pre: dict[tuple, dict[int, float]] = {}
         sustained: dict[tuple[str, int, int], dict[int, list[float]]] = {}
-        for r in (r for run in SUSTAINED_RUNS for r in read_ops(self.root / run)):
-            if r["op"] == "gemm":
-                key = ("bfloat16" if r["dtype"] == "bf16" else "fp8", int(r["n"]), int(r["k"]))
-                sustained.setdefault(key, {}).setdefault(int(r["m"]), []).append(float(r["latency_us"]) * 1e-6)
-        for r in read_ops(self.root / "isolated"):
-            lat = float(r["latency_us"]) * 1e-6
-            if r["op"] == "gemm":
-                key = ("bfloat16" if r["dtype"] == "bf16" else "fp8", int(r["n"]), int(r["k"]))
-                gemm.setdefault(key, {}).setdefault(int(r["m"]), []).append(lat)
-                if r["section"] == "gemm_grid":
-                    grid.add((int(r["n"]), int(r["k"])))
-            elif r["op"] in ("decode_attention", "prefill_attention"):
-                lay = (int(r["heads"]), int(r["kv_heads"]), int(r["head_dim"]), "bfloat16")
-                if r["op"] == "decode_attention":
-                    cell = dec.setdefault(lay, {})
-                    shape = (int(r["batch"]), int(r["kv_len"]))
-                    cell[shape] = min(cell.get(shape, np.inf), lat)  # fastest backend
-                else:
-                    cell = pre.setdefault(lay, {})
-                    cell[int(r["kv_len"])] = min(cell.get(int(r["kv_len"]), np.inf), lat)
-        for key, by_m in sustained.items():  # sustained timings replace isolated ones at the same shape
-            gemm.setdefault(key, {}).update(by_m)
+        grid: set[tuple[int, int]] = set()
+        dec: dict[tuple, dict[tuple[int, int], list[float]]] = {}
+        pre: dict[tuple, dict[int, list[float]]] = {}
+        for run in self.runs:
+            rows = read_ops(run)
+            if not rows:
+                raise ValueError(f"{run}: no ops.csv rows (a folder written by scripts/measure_gpu_ops.py --out)")
+            target = run_settings(run).get("graph_target_s", 0.002)
+            by_m = sustained if target >= 0.01 else gemm
+            run_dec: dict[tuple, float] = {}
+            run_pre: dict[tuple, float] = {}
+            for r in rows:
+                lat = float(r["latency_us"]) * 1e-6
+                if r["op"] == "gemm":
+                    key = ("bfloat16" if r["dtype"] == "bf16" else "fp8", int(r["n"]), int(r["k"]))
+                    by_m.setdefault(key, {}).setdefault(int(r["m"]), []).append(lat)
+                    if r["section"] == "gemm_grid":
+                        grid.add((int(r["n"]), int(r["k"])))
+                elif r["op"] in ("decode_attention", "prefill_attention") and by_m is gemm:
+                    lay = (int(r["heads"]), int(r["kv_heads"]), int(r["head_dim"]), "bfloat16")
+                    if r["op"] == "decode_attention":
+                        cell = (lay, int(r["batch"]), int(r["kv_len"]))
+                        run_dec[cell] = min(run_dec.get(cell, np.inf), lat)  # fastest backend
+                    else:
+                        cell = (lay, int(r["kv_len"]))
+                        run_pre[cell] = min(run_pre.get(cell, np.inf), lat)
+            for (lay, b, L), lat in run_dec.items():
+                dec.setdefault(lay, {}).setdefault((b, L), []).append(lat)
+            for (lay, L), lat in run_pre.items():
+                pre.setdefault(lay, {}).setdefault(L, []).append(lat)
+        for key, ms in sustained.items():  # sustained timings replace the others at the same shape and m
+            gemm.setdefault(key, {}).update(ms)
         for key, by_m in gemm.items():
             ms = sorted(by_m)
             self._gemm[key] = (np.array(ms, float), np.array([float(np.median(by_m[m])) for m in ms]))
@@ -86,15 +102,15 @@ class MeasuredTables(KernelTables):
         self._gemm_n = sorted({n for n, _ in grid})
         self._gemm_k = sorted({k for _, k in grid})
         for lay, cells in dec.items():
-            rows = {}
+            rows_by_b = {}
             for b in sorted({b for b, _ in cells}):
                 kv = sorted(L for bb, L in cells if bb == b)
                 if len(kv) >= 2:
-                    rows[b] = (np.array(kv, float), np.array([cells[(b, L)] for L in kv]))
-            self._gen[lay] = rows
+                    rows_by_b[b] = (np.array(kv, float), np.array([float(np.median(cells[(b, L)])) for L in kv]))
+            self._gen[lay] = rows_by_b
         for lay, cells in pre.items():
             isl = np.array(sorted(cells), float)
-            self._ctx[lay] = (isl * (isl + 1) / 2, np.array([cells[int(L)] for L in isl]))
+            self._ctx[lay] = (isl * (isl + 1) / 2, np.array([float(np.median(cells[int(L)])) for L in isl]))
         self._ar = self.h100._ar
         self._vidur = self.h100._vidur
         return self
@@ -130,8 +146,21 @@ def read_ops(run: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def load_measured(root: Path, h100: KernelTables) -> MeasuredTables:
-    return MeasuredTables(root=root, h100=h100).load()
+def run_manifest(run: Path) -> dict:
+    """A run's ``manifest.json`` (empty if absent)."""
+    path = run / "manifest.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def run_settings(run: Path) -> dict:
+    return run_manifest(run).get("settings", {})
+
+
+def load_measured(runs: list[Path] | tuple[Path, ...], h100: KernelTables) -> MeasuredTables:
+    """Tables from ``scripts/measure_gpu_ops.py`` run folders (the first one's parent is the tables' ``root``,
+    where ``stack_checks`` looks for the stack runs)."""
+    runs = tuple(Path(r) for r in runs)
+    return MeasuredTables(root=runs[0].parent if runs else Path("."), h100=h100, runs=runs).load()
 
 
 @dataclass(frozen=True)
