@@ -526,7 +526,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     if a.device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = False
-    manifest = {"command": " ".join([os.path.basename(sys.argv[0]), *(argv if argv is not None else sys.argv[1:])]),
+    args = list(argv if argv is not None else sys.argv[1:])
+    for i, x in enumerate(args):  # the output folder by its name only: no machine's path in the manifest
+        if x == "--out" and i + 1 < len(args):
+            args[i + 1] = a.out.name
+        elif x.startswith("--out="):
+            args[i] = f"--out={a.out.name}"
+    manifest = {"command": " ".join([os.path.basename(sys.argv[0]), *args]),
                 "environment": environment(a.device), "budget_s": a.budget_s, "models": models,
                 "settings": {"rotate_bytes": ROTATE_BYTES, "graph_target_s": a.graph_target_s, "replays": REPLAYS,
                              "min_m": a.min_m, "heat_s": a.heat_s,
