@@ -73,18 +73,12 @@ MODELS = {
 QWEN3_32B = ModelShape(name="qwen3-32b", num_layers=64, hidden_size=5120, intermediate_size=25600,
                        num_attention_heads=64, num_kv_heads=8, head_dim=128, vocab_size=151936)
 SHIPPED = [  # (model, weight dtype, kv dtype, tp, hardware)
-    ("llama3-70b", "fp8", "fp8", 4, "h100"),
-    ("llama3-70b", "bf16", "bf16", 4, "h100"),
-    ("llama3-70b", "bf16", "bf16", 2, "h100"),
-    ("llama3-8b", "bf16", "bf16", 1, "h100"),
-    ("llama3-8b", "fp8", "fp8", 1, "h100"),
-    ("llama3-70b", "fp8", "fp8", 1, "h200"),
-    ("llama3-70b", "fp8", "fp8", 2, "h200"),
-    ("llama3-70b", "fp8", "fp8", 4, "h200"),
-    ("llama3-70b", "fp8", "fp8", 8, "h200"),
-    ("llama3-70b", "bf16", "bf16", 4, "h200"),
-    ("llama3-8b", "bf16", "bf16", 1, "h200"),
-    ("llama3-8b", "fp8", "fp8", 1, "h200"),
+    *((m, wd, wd, tp, "h100") for m, wd, tp in [("llama3-70b", "fp8", 4), ("llama3-70b", "bf16", 4),
+                                                ("llama3-70b", "bf16", 2), ("llama3-8b", "bf16", 1),
+                                                ("llama3-8b", "fp8", 1)]),
+    *(("llama3-70b", "fp8", "fp8", tp, "h200") for tp in (1, 2, 4, 8)),
+    *((m, wd, wd, tp, "h200") for m, wd, tp in [("llama3-70b", "bf16", 4), ("llama3-8b", "bf16", 1),
+                                                ("llama3-8b", "fp8", 1)]),
 ]
 # vLLM serving points in aiconfigurator's silicon_sample.csv per (model, weight dtype, kv dtype): model_path, precision
 SILICON_MODELS = {
