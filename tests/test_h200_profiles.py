@@ -40,16 +40,15 @@ def test_every_run_says_where_and_how_it_was_measured() -> None:
 
 def test_shipped_shapes_are_measured_not_interpolated(tables) -> None:
     """Every per-rank GEMM of the shipped H200 profiles has its own measured row set (both dtypes but lm_head)."""
-    from twin.engine_profiles.memory import kv_heads_per_rank
+    from twin.engine_profiles.operator_model import rank_layout
 
     h200, _ = tables
     for name in ["llama3-70b-bf16-tp4-h200", "llama3-8b-bf16-tp1-h200", "llama3-8b-fp8-tp1-h200", *H200_70B_FP8]:
         spec = load_profile(name).spec
         m, tp = spec.model, spec.tp
-        heads, kvh = m.num_attention_heads // tp, kv_heads_per_rank(num_kv_heads=m.num_kv_heads, tp=tp)
+        heads, kvh, shapes = rank_layout(m, tp)
         table = "bfloat16" if spec.weight_dtype == "bf16" else "fp8"
-        for n, k in (((heads + 2 * kvh) * m.head_dim, m.hidden_size), (m.hidden_size, heads * m.head_dim),
-                     (2 * m.intermediate_size // tp, m.hidden_size), (m.hidden_size, m.intermediate_size // tp)):
+        for n, k in shapes:
             assert (table, n, k) in h200._exact, (name, n, k)
         assert ("bfloat16", -(-m.vocab_size // tp), m.hidden_size) in h200._exact, name
         assert (heads, kvh, m.head_dim, "bfloat16") in h200._gen, name

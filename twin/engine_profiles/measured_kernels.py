@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from twin.engine_profiles.kernels import KernelTables, _interp
-from twin.engine_profiles.memory import kv_heads_per_rank
+from twin.engine_profiles.operator_model import rank_layout
 from twin.engine_profiles.profile import ModelShape
 from twin.engine_profiles.step import prefill_attention_work
 
@@ -199,12 +199,9 @@ def stack_checks(tables: MeasuredTables, models: dict[str, ModelShape]) -> list[
                 best[key] = min(best.get(key, np.inf), float(r["latency_us"]) * 1e-6)
     out = []
     for (run, kind, model, tp, dtype, tokens, batch, kv_len, chunk, layers), measured in sorted(best.items()):
-        m = models[model]
-        heads, kvh, hd = m.num_attention_heads // tp, kv_heads_per_rank(num_kv_heads=m.num_kv_heads, tp=tp), m.head_dim
-        h, inter = m.hidden_size, m.intermediate_size // tp
-        gemms = sum(tables.gemm_s(m=tokens, n=n, k=k, dtype=dtype)
-                    for n, k in (((heads + 2 * kvh) * hd, h), (h, heads * hd), (2 * inter, h), (h, inter)))
-        lay = {"heads": heads, "kv_heads": kvh, "head_dim": hd, "kv_dtype": "bf16"}
+        heads, kvh, shapes = rank_layout(models[model], tp)
+        gemms = sum(tables.gemm_s(m=tokens, n=n, k=k, dtype=dtype) for n, k in shapes)
+        lay = {"heads": heads, "kv_heads": kvh, "head_dim": models[model].head_dim, "kv_dtype": "bf16"}
         if kind == "prefill":
             attention = tables.prefill_attention_s(pairs=prefill_attention_work(0, tokens), **lay)
         else:

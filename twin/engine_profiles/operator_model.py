@@ -19,6 +19,16 @@ from twin.engine_profiles.step import StepShape
 CUDA_GRAPH_MAX_TOKENS = 512  # vLLM V1 captures full CUDA graphs for decode batches up to this size
 
 
+def rank_layout(model: ModelShape, tp: int) -> tuple[int, int, list[tuple[int, int]]]:
+    """Per-rank attention heads, KV heads and the (n, k) of the QKV, O, gate+up and down GEMMs at TP ``tp``."""
+    if model.num_attention_heads % tp:
+        raise ValueError(f"TP {tp} does not divide {model.num_attention_heads} attention heads")
+    heads = model.num_attention_heads // tp
+    kv_heads = kv_heads_per_rank(num_kv_heads=model.num_kv_heads, tp=tp)
+    h, hd, inter = model.hidden_size, model.head_dim, model.intermediate_size // tp
+    return heads, kv_heads, [((heads + 2 * kv_heads) * hd, h), (h, heads * hd), (2 * inter, h), (h, inter)]
+
+
 @dataclass(frozen=True)
 class OperatorStepModel:
     model: ModelShape
@@ -29,19 +39,10 @@ class OperatorStepModel:
 
     def components_s(self, shape: StepShape) -> dict[str, float]:
         m, tp, t = self.model, self.tp, self.tables
-        if m.num_attention_heads % tp:
-            raise ValueError(f"TP {tp} does not divide {m.num_attention_heads} attention heads")
-        heads = m.num_attention_heads // tp
-        kv_heads = kv_heads_per_rank(num_kv_heads=m.num_kv_heads, tp=tp)
+        heads, kv_heads, gemms = rank_layout(m, tp)
         h, hd, inter = m.hidden_size, m.head_dim, m.intermediate_size // tp
         tokens = shape.total_tokens
-        wd = self.weight_dtype
-        gemm = (
-            t.gemm_s(m=tokens, n=(heads + 2 * kv_heads) * hd, k=h, dtype=wd)
-            + t.gemm_s(m=tokens, n=h, k=heads * hd, dtype=wd)
-            + t.gemm_s(m=tokens, n=2 * inter, k=h, dtype=wd)
-            + t.gemm_s(m=tokens, n=h, k=inter, dtype=wd)
-        )
+        gemm = sum(t.gemm_s(m=tokens, n=n, k=k, dtype=self.weight_dtype) for n, k in gemms)
         attn_args = {"heads": heads, "kv_heads": kv_heads, "head_dim": hd, "kv_dtype": self.kv_dtype}
         attention = 0.0
         if shape.decode_requests:
