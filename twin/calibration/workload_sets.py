@@ -259,3 +259,29 @@ def get_workload(name: str) -> WorkloadSpec:
             return group[name]
     known = sorted(n for g in SETS.values() for n in g)
     raise KeyError(f"unknown workload {name!r}; known: {', '.join(known)}")
+
+
+def _spread(a: list, b: list) -> list:
+    """``a`` and ``b`` merged so that each is spread evenly over the result: item k of a list of n sits at
+    fraction (k + 1/2) / n of the way through, ties to ``a``."""
+    keyed = [((k + 0.5) / len(a), 0, x) for k, x in enumerate(a)] + [((k + 0.5) / len(b), 1, x) for k, x in enumerate(b)]
+    return [x for *_, x in sorted(keyed, key=lambda t: (t[0], t[1]))]
+
+
+def session_plan(heldout_repeats: int) -> list[tuple[str, str]]:
+    """The recording order of one calibration session: ``(folder, workload)`` pairs, the calibration sweep in
+    ``calibration`` and held-out repeat i in ``held-out`` (i = 1) or ``held-out-repeat{i}``.
+
+    The sweep and the held-out repeats are interleaved, and the sweep's server runs spread among its
+    offline ones, rather than recorded one set after the other: on a shared VM the host's speed drifts over
+    minutes, and a sweep recorded in one stretch gives the fit that stretch's speed while the held-out runs
+    see the next ones (docs/calibration.md, "Interleaved recording"). Spread through the session, the fit's
+    runs see the same mix of the host's speeds as the held-out runs they are judged on.
+    """
+    if heldout_repeats < 1:
+        raise ValueError("heldout_repeats must be at least 1")
+    sweep = [("calibration", n) for n, w in CALIBRATION_SWEEP.items() if w.mode == "offline"]
+    server = [("calibration", n) for n, w in CALIBRATION_SWEEP.items() if w.mode != "offline"]
+    held = [("held-out" if i == 1 else f"held-out-repeat{i}", n)
+            for i in range(1, heldout_repeats + 1) for n in HELD_OUT]
+    return _spread(_spread(sweep, server) if server else sweep, held)
