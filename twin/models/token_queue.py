@@ -38,6 +38,7 @@ class QueueEntry:
     replica_id: str | None = None
     removed: bool = False
     on_dispatch: object = None  # callback(entry, handle) that submits the generation
+    key: tuple = ()  # the candidate-set key (TokenQueue._key), set when the entry is queued
 
 
 class TokenQueue:
@@ -60,6 +61,8 @@ class TokenQueue:
         self._drain_t = 0.0
         self._halflife = ewma_halflife_s
         self._kicking = False
+        # queued entries per candidate-set key: a kick stops once every key still queued is blocked
+        self._live_keys: dict[tuple, int] = {}
 
     # ---- drain rate ------------------------------------------------------------------------------
     def drained(self, tokens: int) -> None:
@@ -96,6 +99,9 @@ class TokenQueue:
         self._seq += 1
         entry.seq = self._seq
         heapq.heappush(self._heap, (entry.priority, entry.seq, entry))
+        key = entry.key = (entry.facts.model, entry.allowed_regions, entry.facts.needs_long_context, entry.pool)
+        live = self._live_keys
+        live[key] = live.get(key, 0) + 1
         self._count_in(entry, 1)
         self.queued_tokens += entry.tokens
         self.count += 1
@@ -107,10 +113,26 @@ class TokenQueue:
         if entry.removed or entry.is_dispatched:
             return False
         entry.removed = True
+        self._unkey(entry.key)
         self._count_in(entry, -1)
         self.queued_tokens -= entry.tokens
         self.count -= 1
+        heap = self._heap
+        if len(heap) > 2 * self.count + 1024 and not self._kicking:
+            # withdrawn entries leave the heap only when popped, and a kick that finds every key blocked stops
+            # at the top: rebuild without them once they outnumber the queued ones (pops keep their order,
+            # (priority, seq) being unique)
+            heap[:] = [item for item in heap if not item[2].removed]
+            heapq.heapify(heap)
         return True
+
+    def _unkey(self, key: tuple) -> None:
+        live = self._live_keys
+        n = live[key] - 1
+        if n:
+            live[key] = n
+        else:
+            del live[key]
 
     def _count_in(self, entry: QueueEntry, sign: int) -> None:
         c = self._by_pri.get(entry.priority)
@@ -129,12 +151,13 @@ class TokenQueue:
             heap = self._heap
             blocked: list[tuple[int, int, QueueEntry]] = []
             blocked_models: set[tuple] = set()
+            live = self._live_keys
             while heap:
                 item = heapq.heappop(heap)
                 e = item[2]
                 if e.removed:
                     continue
-                key = (e.facts.model, e.allowed_regions, e.facts.needs_long_context, e.pool)  # same candidate set
+                key = e.key  # same candidate set
                 if key in blocked_models:
                     blocked.append(item)
                     if len(blocked) >= 64:  # the rest waits for the next kick; order is kept by the heap
@@ -144,12 +167,19 @@ class TokenQueue:
                 if not cands:
                     blocked_models.add(key)
                     blocked.append(item)
+                    # every key still queued is blocked: nothing further can leave in this kick (room only
+                    # shrinks while it sends), so stop here instead of popping up to 64 entries to push back
+                    if len(blocked_models) == len(live):
+                        break
                     continue
                 decision = self.router.route(e.facts, cands)
                 if decision.replica_id is None:
                     blocked_models.add(key)
                     blocked.append(item)
+                    if len(blocked_models) == len(live):
+                        break
                     continue
+                self._unkey(key)
                 self._count_in(e, -1)
                 self.queued_tokens -= e.tokens
                 self.count -= 1
