@@ -38,7 +38,7 @@ class QueueEntry:
     replica_id: str | None = None
     removed: bool = False
     on_dispatch: object = None  # callback(entry, handle) that submits the generation
-    key: tuple = ()  # the candidate-set key (TokenQueue._key), set when the entry is queued
+    key: tuple = ()  # model, allowed regions, long context, pool: the candidate set; set when queued
 
 
 class TokenQueue:
@@ -164,18 +164,12 @@ class TokenQueue:
                         break
                     continue
                 cands = self.router.candidates_for(e.facts, e.allowed_regions, self.max_waiting, e.pool)
-                if not cands:
+                decision = self.router.route(e.facts, cands) if cands else None
+                if decision is None or decision.replica_id is None:
                     blocked_models.add(key)
                     blocked.append(item)
                     # every key still queued is blocked: nothing further can leave in this kick (room only
                     # shrinks while it sends), so stop here instead of popping up to 64 entries to push back
-                    if len(blocked_models) == len(live):
-                        break
-                    continue
-                decision = self.router.route(e.facts, cands)
-                if decision.replica_id is None:
-                    blocked_models.add(key)
-                    blocked.append(item)
                     if len(blocked_models) == len(live):
                         break
                     continue
