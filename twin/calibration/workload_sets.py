@@ -264,8 +264,9 @@ def get_workload(name: str) -> WorkloadSpec:
 def _spread(a: list, b: list) -> list:
     """``a`` and ``b`` merged so that each is spread evenly over the result: item k of a list of n sits at
     fraction (k + 1/2) / n of the way through, ties to ``a``."""
-    keyed = [((k + 0.5) / len(a), 0, x) for k, x in enumerate(a)] + [((k + 0.5) / len(b), 1, x) for k, x in enumerate(b)]
-    return [x for *_, x in sorted(keyed, key=lambda t: (t[0], t[1]))]
+    keyed = [((k + 0.5) / len(a), 0, x) for k, x in enumerate(a)]
+    keyed += [((k + 0.5) / len(b), 1, x) for k, x in enumerate(b)]
+    return [x for *_, x in sorted(keyed, key=lambda t: t[:2])]
 
 
 def session_plan(heldout_repeats: int) -> list[tuple[str, str]]:
