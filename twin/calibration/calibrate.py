@@ -239,6 +239,11 @@ class CalibrationResult:
     overhead_samples_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
+def _run_index(lengths: Sequence[int]) -> np.ndarray:
+    """Each step's run (0, 1, ...), for runs of ``lengths`` steps concatenated in order."""
+    return np.repeat(np.arange(len(lengths)), lengths)
+
+
 def _first_steps(lengths: Sequence[int]) -> np.ndarray:
     """Mask of the first step of each run, over the runs' steps concatenated."""
     mask = np.zeros(int(sum(lengths)), dtype=bool)
@@ -304,7 +309,8 @@ def calibrate(run_dirs: Sequence[str | Path], *, name: str, command: str, genera
     elapsed = np.concatenate([s.elapsed_s for s in samples])
     firsts = _first_steps([len(s.shapes) for s in samples]) if options.first_step else None
     try:
-        fit, keep = robust_fit(shapes, elapsed, overhead_s=overhead_s, exclude=firsts, options=options)
+        fit, keep = robust_fit(shapes, elapsed, overhead_s=overhead_s, exclude=firsts, options=options,
+                               runs=_run_index([len(s.shapes) for s in samples]))
     except ValueError as exc:  # too few steps of a regime, non-positive durations
         raise CalibrationError(f"cannot fit the step-time regimes: {exc}") from exc
     coefficients = fit.coefficients
@@ -391,7 +397,8 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
     elapsed = np.concatenate([s.elapsed_s for s in steps])
     firsts = _first_steps([len(s.shapes) for s in steps]) if options.first_step else None
     try:
-        fit, keep = robust_fit(shapes, elapsed, overhead_s=float(base_s), exclude=firsts, options=options)
+        fit, keep = robust_fit(shapes, elapsed, overhead_s=float(base_s), exclude=firsts, options=options,
+                               runs=_run_index([len(s.shapes) for s in steps]))
     except ValueError as exc:
         raise CalibrationError(f"cannot fit the server step-time regimes: {exc}") from exc
     bounds = [arrival_bounds(r, s, front_end_s=base_s) for r, s in zip(used, steps, strict=True)]

@@ -27,13 +27,17 @@ class FitOptions:
     (``PrefillCoefficients.per_request_s``). ``first_step``: the extra time of a run's first step
     (``StepTimeCoefficients.first_step_s``, and the server section's), with that step left out of the regimes.
     ``decode_single_request`` / ``decode_context_sq`` / ``decode_batch_change``: the decode regime's optional columns
-    (``DecodeCoefficients.single_request_s`` / ``per_context_token_sq_s`` / ``batch_change_s``; ``fit_step_time``)."""
+    (``DecodeCoefficients.single_request_s`` / ``per_context_token_sq_s`` / ``batch_change_s``; ``fit_step_time``).
+    ``run_levels``: no new term; each run gets its own speed level while the coefficients are fitted
+    (``robust_fit``), so a difference in the host's speed between two runs is not read as a difference between
+    their step shapes; the profile keeps the runs' average level."""
 
     prefill_per_request: bool = False
     first_step: bool = False
     decode_single_request: bool = False
     decode_context_sq: bool = False
     decode_batch_change: bool = False
+    run_levels: bool = False
 
 
 TRIM_MADS = 3.0  # outlier threshold in scaled median absolute deviations of log(measured / fitted)
@@ -51,9 +55,17 @@ def predict_model_s(coefficients: StepTimeCoefficients, shapes: Sequence[StepSha
     return out
 
 
+# ``run_levels``: alternations of (levels, coefficients) per trimming round, until no level moves by more than
+# RUN_LEVEL_TOL (relative); alternating converges slowly where levels and terms trade off (~100-300 rounds on
+# tests/test_run_levels.py's two runs), so the cap is generous
+RUN_LEVEL_ROUNDS = 1000
+RUN_LEVEL_TOL = 1e-7
+
+
 def robust_fit(shapes: Sequence[StepShape], elapsed_s: np.ndarray, *, overhead_s: float,
                prefill_per_request: bool = False, exclude: np.ndarray | None = None,
-               options: FitOptions | None = None) -> tuple[StepTimeFit, np.ndarray]:
+               options: FitOptions | None = None, runs: Sequence[int] | None = None
+               ) -> tuple[StepTimeFit, np.ndarray]:
     """``fit_step_time`` on the recorded durations, refitted without outlier steps until the kept set is stable.
 
     Returns the fit and the mask of steps it used. A step is an outlier when ``|log(measured / fitted)|``
@@ -62,6 +74,12 @@ def robust_fit(shapes: Sequence[StepShape], elapsed_s: np.ndarray, *, overhead_s
     fitted), are never used. ``prefill_per_request``: ``fit_step_time``'s fifth prefill column; ``options`` (its
     ``prefill_per_request`` counts too): the decode regime's optional columns, the batch-change flags taken over the
     whole ``shapes`` sequence (runs in order).
+
+    With ``options.run_levels`` (``runs``: each step's run, required then), every run's durations are divided by
+    that run's level before the coefficients are fitted, and the levels (the median of measured / fitted over the
+    run's kept steps, normalised to a geometric mean of 1 over the runs, each run one vote) and the coefficients
+    are refitted in turn; outliers are judged on ``log(measured / (level * fitted))``. The coefficients so describe
+    a run at the runs' average speed, and each term is set by the differences between steps *within* runs.
     """
     elapsed_s = np.asarray(elapsed_s, dtype=np.float64)
     decode = np.array([s.is_decode_only for s in shapes], dtype=bool)
@@ -71,15 +89,27 @@ def robust_fit(shapes: Sequence[StepShape], elapsed_s: np.ndarray, *, overhead_s
     keep = usable.copy()
     opts = options or FitOptions()
     changed = decode_batch_changed(shapes) if opts.decode_batch_change else None
+    if opts.run_levels:
+        if runs is None or len(runs) != len(shapes):
+            raise ValueError("run_levels needs the run of every step")
+        run_of = np.asarray(runs, dtype=np.int64)
+    level = np.ones(len(shapes))  # each step's run level (1 without run_levels)
     fit = None
     for _ in range(TRIM_ROUNDS):
         idx = np.flatnonzero(keep)
-        fit = fit_step_time([shapes[i] for i in idx], elapsed_s[idx] + overhead_s, overhead_s=overhead_s,
-                            prefill_per_request=prefill_per_request or opts.prefill_per_request,
-                            decode_single_request=opts.decode_single_request,
-                            decode_context_sq=opts.decode_context_sq,
-                            decode_batch_changed=None if changed is None else changed[idx])
-        r = np.log(np.where(elapsed_s > 0, elapsed_s, np.nan) / predict_model_s(fit.coefficients, shapes))
+        for _ in range(RUN_LEVEL_ROUNDS if opts.run_levels else 1):
+            fit = fit_step_time([shapes[i] for i in idx], elapsed_s[idx] / level[idx] + overhead_s,
+                                overhead_s=overhead_s,
+                                prefill_per_request=prefill_per_request or opts.prefill_per_request,
+                                decode_single_request=opts.decode_single_request,
+                                decode_context_sq=opts.decode_context_sq,
+                                decode_batch_changed=None if changed is None else changed[idx])
+            if opts.run_levels:
+                before = level
+                level = _run_levels(elapsed_s / predict_model_s(fit.coefficients, shapes), run_of, keep)
+                if np.max(np.abs(level / before - 1.0)) <= RUN_LEVEL_TOL:
+                    break
+        r = np.log(np.where(elapsed_s > 0, elapsed_s, np.nan) / (level * predict_model_s(fit.coefficients, shapes)))
         new_keep = usable.copy()
         for regime in (decode, ~decode):
             sel = regime & keep
@@ -91,6 +121,21 @@ def robust_fit(shapes: Sequence[StepShape], elapsed_s: np.ndarray, *, overhead_s
         keep = new_keep
     assert fit is not None
     return fit, keep
+
+
+def _run_levels(ratio: np.ndarray, run_of: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """Each step's run level: the median of ``ratio`` (measured / fitted) over its run's kept steps, the levels
+    normalised to a geometric mean of 1 over the runs that have kept steps (a run with none: 1)."""
+    levels: dict[int, float] = {}
+    for j in np.unique(run_of):
+        sel = keep & (run_of == j) & (ratio > 0)
+        if sel.any():
+            levels[int(j)] = float(np.median(ratio[sel]))
+    if not levels:
+        return np.ones(ratio.size)
+    norm = float(np.exp(np.mean(np.log(list(levels.values())))))
+    table = np.array([levels.get(int(j), norm) / norm for j in range(int(run_of.max()) + 1)])
+    return table[run_of]
 
 
 def fit_quality(coefficients: StepTimeCoefficients, shapes: Sequence[StepShape], elapsed_s: np.ndarray, *,

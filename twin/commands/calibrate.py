@@ -5,7 +5,7 @@
     twin calibrate --cross-validate RUN_DIR... [--first-step] [--json FILE]   # leave-one-run-out error table
 
 ``--prefill-per-request``, ``--first-step`` and ``--decode-{single-request,context-sq,batch-change}`` add optional
-model terms (twin.calibration.calibrate.FitOptions);
+model terms, ``--run-levels`` fits them with a speed level per run (twin.calibration.calibrate.FitOptions);
 ``--cross-validate`` writes no profile: it fits once per run, leaving that run out, replays the run left out and
 prints the error table and total (twin.calibration.crossval), so an option can be judged on runs the fit did not see.
 
@@ -39,6 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-batch-change", action="store_true",
                    help="fit the extra time of a decode step with fewer requests than the decode step before it, "
                         "applied by replays (off by default)")
+    p.add_argument("--run-levels", action="store_true",
+                   help="fit the coefficients with a speed level per run, so the host's drift between runs is not "
+                        "read as a step-shape term (off by default; docs/calibration.md)")
     p.add_argument("--cross-validate", action="store_true",
                    help="write no profile: leave each run out of the fit in turn and print the error on it")
     p.add_argument("--noise", action=argparse.BooleanOptionalAction, default=None,
@@ -88,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
 
     options = FitOptions(prefill_per_request=args.prefill_per_request, first_step=args.first_step,
                          decode_single_request=args.decode_single_request, decode_context_sq=args.decode_context_sq,
-                         decode_batch_change=args.decode_batch_change)
+                         decode_batch_change=args.decode_batch_change, run_levels=args.run_levels)
     if args.cross_validate:
         if args.out is not None or args.name is not None:
             print("twin calibrate: --cross-validate writes no profile (drop --out / --name)", file=sys.stderr)
@@ -105,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
                + (" --first-step" if options.first_step else "")
                + (" --decode-single-request" if options.decode_single_request else "")
                + (" --decode-context-sq" if options.decode_context_sq else "")
-               + (" --decode-batch-change" if options.decode_batch_change else ""))
+               + (" --decode-batch-change" if options.decode_batch_change else "")
+               + (" --run-levels" if options.run_levels else ""))
     try:
         result = calibrate(args.run_dirs, name=name, command=command, generated_on=args.date, source_label=_label,
                            options=options)
