@@ -245,10 +245,29 @@ HELD_OUT: dict[str, WorkloadSpec] = {
     ]
 }
 
+# ---------------------------------------------------------------------------------------------------
+# Diagnostic workloads: recordable by name, in no session (docs/calibration.md says what each was for).
+DIAGNOSTIC: dict[str, WorkloadSpec] = {
+    w.name: w
+    for w in [
+        _w(
+            "diag-decode-context",
+            description="decode context apart from batch size: the batch held at 8 while each request's context "
+                        "spans 16..2000 tokens",
+            seed=110,
+            num_requests=32,
+            prompt_tokens=LengthDist(min_tokens=16, max_tokens=1800),
+            output_tokens=LengthDist(min_tokens=128, max_tokens=256),
+            engine=EngineSpec(max_num_batched_tokens=2048, max_num_seqs=8, max_model_len=2112),
+        ),
+    ]
+}
+
 SETS: dict[str, dict[str, WorkloadSpec]] = {
     "calibration": CALIBRATION_SWEEP,
     "held-out": HELD_OUT,
     "fixtures": FIXTURES,
+    "diagnostic": DIAGNOSTIC,
 }
 
 
