@@ -36,10 +36,10 @@ def test_hit_on_a_bulk_popped_block_counts_two_holders() -> None:
     c = _req(4, tuple(range(5000, 5000 + 10 * BS)) + (7,))  # b's prompt and one token: 10 blocks hit
     assert admit(pool, c) == b.blocks
     assert [pool.ref_count(x) for x in b.blocks] == [2] * 10
-    assert pool.n_shared == 10
+    assert len(pool.shared) == 10
     pool.release(b)
     pool.check_invariants()
-    assert [pool.ref_count(x) for x in c.blocks[:10]] == [1] * 10 and pool.n_shared == 0
+    assert [pool.ref_count(x) for x in c.blocks[:10]] == [1] * 10 and len(pool.shared) == 0
     before = pool.free_order()
     c_blocks = list(c.blocks)
     assert len(c_blocks) == 11
@@ -62,7 +62,7 @@ def test_bulk_popped_blocks_released_by_the_shared_path() -> None:
     admit(pool, b)
     c = _req(4, tuple(range(5000, 5000 + 2 * BS)) + (9,) * BS + (8,))  # hits b's first 2 blocks only
     assert admit(pool, c) == b.blocks[:2]
-    assert pool.n_shared == 2
+    assert len(pool.shared) == 2
     b_blocks = list(b.blocks)
     before = pool.free_order()
     pool.release(b)  # per-block path (shared blocks): 8 blocks to the tail, 2 stay with c

@@ -49,6 +49,8 @@ class PoolChecks:
             assert (self.st[b] >= front) == (b in tail and b not in plain), f"block {b}: state {self.st[b]} vs the tail"
         for h, b in self.cached.items():
             assert self.bhash[b] == h
+        assert self.shared == {b for b in range(1, self.num_blocks) if self.ref_count(b, plain) >= 2}, \
+            "the shared set is not the blocks with two or more holders"
         assert 0 not in free
         for key, r in self.pend.items():
             assert r.seq._out_seg == key and r._grp is not None, f"deferred registration of a non-member under {key}"

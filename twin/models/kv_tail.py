@@ -132,9 +132,10 @@ class TailQueue:
         blocks = req.blocks
         nb = len(blocks)
         ncb = req.num_cached_blocks
-        if nb > 8 and ncb >= nb - 1 and (not self.n_shared or min(map(st.__getitem__, blocks)) >= -2):
-            # The usual case: the request is each of its blocks' only holder (certainly so when no block
-            # anywhere has a second holder; else read from the states) and only its last block may be unregistered
+        shared = self.shared
+        if nb > 8 and ncb >= nb - 1 and (not shared or shared.isdisjoint(blocks)):
+            # The usual case: the request is each of its blocks' only holder (none of them has a second holder)
+            # and only its last block may be unregistered
             # (``num_cached_blocks`` counts the registered ones, by hash or lazily). The loop below would put that
             # block at the head and append the others to the tail in reverse order: the same, as a list reversal.
             rev = blocks[::-1]
@@ -161,7 +162,7 @@ class TailQueue:
                 else:
                     st[b] = x + 1
                     if x == -3:
-                        self.n_shared -= 1
+                        shared.remove(b)
             if tail:
                 self._append(req, tail, 0, len(tail), False)
         req.blocks = []
