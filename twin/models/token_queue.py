@@ -113,10 +113,7 @@ class TokenQueue:
         if entry.removed or entry.is_dispatched:
             return False
         entry.removed = True
-        self._unkey(entry.key)
-        self._count_in(entry, -1)
-        self.queued_tokens -= entry.tokens
-        self.count -= 1
+        self._leave(entry)
         heap = self._heap
         if len(heap) > 2 * self.count + 1024 and not self._kicking:
             # withdrawn entries leave the heap only when popped, and a kick that finds every key blocked stops
@@ -126,13 +123,17 @@ class TokenQueue:
             heapq.heapify(heap)
         return True
 
-    def _unkey(self, key: tuple) -> None:
-        live = self._live_keys
+    def _leave(self, entry: QueueEntry) -> None:
+        """A queued entry leaves the queue (withdrawn or dispatched): out of the counts by key, class and tokens."""
+        live, key = self._live_keys, entry.key
         n = live[key] - 1
         if n:
             live[key] = n
         else:
             del live[key]
+        self._count_in(entry, -1)
+        self.queued_tokens -= entry.tokens
+        self.count -= 1
 
     def _count_in(self, entry: QueueEntry, sign: int) -> None:
         c = self._by_pri.get(entry.priority)
@@ -173,10 +174,7 @@ class TokenQueue:
                     if len(blocked_models) == len(live):
                         break
                     continue
-                self._unkey(key)
-                self._count_in(e, -1)
-                self.queued_tokens -= e.tokens
-                self.count -= 1
+                self._leave(e)
                 self.in_flight_tokens += e.tokens
                 e.replica_id = decision.replica_id
                 self.router.sent(e.facts, decision.replica_id)
