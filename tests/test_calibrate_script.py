@@ -49,6 +49,7 @@ def test_sweep_and_held_out_runs_are_interleaved() -> None:
     spans = [[i for i, (d, _) in enumerate(plan) if d == folder] for folder in folders]
     assert all(a[-1] < b[0] for a, b in zip(spans, spans[1:]))
 
+
 def test_plan_needs_a_repeat() -> None:
     with pytest.raises(ValueError):
         session_plan(0)
