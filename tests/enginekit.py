@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from twin.models.engine import Engine, EngineConfig
@@ -63,3 +65,16 @@ def admit(pool: BlockPool, r: EngineRequest) -> list[int]:
     assert pool.admit(r, r.seq.num_tokens - len(hits) * bs, hits, full_isl=False, watermark_blocks=0)
     pool.check_invariants()
     return hits
+
+
+def gap_sample(e: Engine) -> Counter:
+    """An engine's inter-token gaps as a weighted sample: (value, group label) -> total weight. Paths that
+    write the same gaps as different entries (a decode-group step is one entry per label, weighted by its
+    members; per request, one entry per gap) give the same sample."""
+    labels = list(e.itl_groups) if e.itl_groups is not None else [None] * len(e.itl_values)
+    assert len(labels) == len(e.itl_values) == len(e.itl_weights)
+    out: Counter = Counter()
+    for v, w, g in zip(e.itl_values, e.itl_weights, labels):
+        assert w > 0
+        out[(v, g)] += w
+    return out

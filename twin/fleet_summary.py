@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from twin.metrics import PERCENTILES, distribution, grouped_weighted_quantiles
+from twin.metrics import PERCENTILES, distribution, grouped_weighted_quantiles, weighted_mean_of
 from twin.results import string_codes, summarize
 
 
@@ -23,29 +23,11 @@ def _engine_codes(e) -> tuple[np.ndarray, list]:
     return np.array([index[x] for x in g], dtype=np.int64), labels
 
 
-def _itl_by_group(engines) -> tuple[dict[str | None, tuple[np.ndarray, np.ndarray]], np.ndarray, np.ndarray]:
-    """Every engine's inter-token gaps and weights by group label: groups in first-seen order (engines in
-    order, gaps in order), each group's gaps in engine-then-record order. Returns the per-group arrays and
-    the whole sample (all groups, in that order), the former being slices of the latter: the plain
-    definition, which ``_itl_distributions`` falls back on (16 bytes a gap)."""
-    order, plan = _itl_plan(engines)
-    if not plan:
-        return {}, np.zeros(0), np.zeros(0)
-    bounds, placed = _itl_layout(plan, len(order))
-    v_all = np.empty(int(bounds[-1]), dtype=np.float64)
-    w_all = np.empty(int(bounds[-1]), dtype=np.float64)
-    for _g, slot, v, w in placed:
-        v_all[slot] = v
-        w_all[slot] = w
-    by_group = {label: (v_all[bounds[i]:bounds[i + 1]], w_all[bounds[i]:bounds[i + 1]]) for label, i in order.items()}
-    return by_group, v_all, w_all
-
-
-def _itl_plan(engines):
-    """Gap groups in first-seen order (engines in order, gaps in order) and, per engine with gaps, its
-    labels' global group ids and its gap count per label."""
+def _itl_parts(engines):
+    """Per engine with gaps: its values, weights (float64) and gap group ids (global: groups in first-seen
+    order, engines in order, entries in order), and the group labels in that order."""
     order: dict[str | None, int] = {}
-    plan = []
+    parts = []
     for e in engines:
         if len(e.itl_values) == 0:
             continue
@@ -54,74 +36,52 @@ def _itl_plan(engines):
         for c in present[np.argsort(first, kind="stable")]:  # this engine's labels in first-seen order
             order.setdefault(labels[c], len(order))
         to_global = np.array([order.get(x, -1) for x in labels], dtype=np.int64)
-        plan.append((e, to_global, np.bincount(codes, minlength=len(labels))))
-    return order, plan
+        parts.append((np.asarray(e.itl_values, dtype=np.float64), np.asarray(e.itl_weights, dtype=np.float64),
+                      to_global[codes]))
+    return order, parts
 
 
-def _itl_layout(plan, n_groups: int):
-    """Where each engine's gaps go in the group-by-group order: the groups' bounds, and an iterator of
-    (group id, slot in the whole sample, the engine's values and weights of that group) in placing order."""
-    sizes = np.zeros(n_groups, dtype=np.int64)
-    for _e, to_global, counts in plan:
-        np.add.at(sizes, to_global[counts > 0], counts[counts > 0])
-    bounds = np.concatenate([[0], np.cumsum(sizes)])
-
-    def placed():
-        cursor = bounds[:-1].copy()
-        for e, to_global, counts in plan:
-            codes, _labels = _engine_codes(e)
-            v = np.asarray(e.itl_values, dtype=np.float64)
-            w = np.asarray(e.itl_weights, dtype=np.float64)
-            for c in np.flatnonzero(counts):
-                g, k = to_global[c], int(counts[c])
-                sel = slice(None) if k == v.size else codes == c
-                yield g, slice(int(cursor[g]), int(cursor[g]) + k), v[sel], w[sel]
-                cursor[g] += k
-
-    return bounds, placed()
+def _itl_by_group(engines) -> tuple[dict[str | None, tuple[np.ndarray, np.ndarray]], np.ndarray, np.ndarray]:
+    """Every engine's inter-token gap entries (values, weights) by group label, groups in first-seen order,
+    each group's entries in engine-then-record order, and the whole sample (all groups, in that order), the
+    former being slices of the latter: the plain definition, which ``_itl_distributions`` falls back on."""
+    order, parts = _itl_parts(engines)
+    if not parts:
+        return {}, np.zeros(0), np.zeros(0)
+    v = np.concatenate([p[0] for p in parts])
+    w = np.concatenate([p[1] for p in parts])
+    g = np.concatenate([p[2] for p in parts])
+    idx = np.argsort(g, kind="stable")
+    v, w, g = v[idx], w[idx], g[idx]
+    bounds = np.searchsorted(g, np.arange(len(order) + 1))
+    by_group = {label: (v[bounds[i]:bounds[i + 1]], w[bounds[i]:bounds[i + 1]]) for label, i in order.items()}
+    return by_group, v, w
 
 
 def _itl_distributions(engines) -> tuple[dict, dict[str | None, dict]]:
-    """The ``distribution`` of every engine's inter-token gaps, and of each group's: the same dicts as
-    ``distribution`` gives on the gaps concatenated group by group (groups in first-seen order, each
-    group's gaps in engine-then-record order), without concatenating them.
+    """The ``distribution`` of every engine's inter-token gaps, and of each group's, without concatenating
+    the engines' columns: the quantiles from ``grouped_weighted_quantiles`` (which reads them in place), the
+    means as ``weighted_mean`` computes them (exact sums: the same whatever the order of the entries).
 
-    A fleet run has ~100 gaps per turn (~300 M at full scale); concatenated, sorted by group and then
-    sorted by value, each full-size copy cost 8 bytes a gap. Now the only full-size array is the weighted
-    gaps (value x weight) in that order, because the mean's sum depends on the order; the quantiles come
-    from ``grouped_weighted_quantiles``, which reads the engines' own columns."""
-    order, plan = _itl_plan(engines)
-    if not plan:
+    A fleet run has ~150 gaps per turn (~400 M at full scale for 10 minutes), but the engines write a
+    decode-group step's gaps as one entry per group label (``twin.models.engine_gaps``), so the columns
+    hold far fewer entries than gaps, and nothing here is as large as the gaps once were."""
+    order, parts = _itl_parts(engines)
+    if not parts:
         return distribution([]), {}
-    bounds, placed = _itl_layout(plan, len(order))
-    weighted = np.empty(int(bounds[-1]), dtype=np.float64)
-    weight = np.zeros(len(order), dtype=np.float64)  # whole numbers: exact in any order
-    for g, slot, v, w in placed:
-        np.multiply(v, w, out=weighted[slot])
-        weight[g] += w.sum()
-
-    def parts():
-        for e, to_global, _counts in plan:
-            codes, _labels = _engine_codes(e)
-            yield (np.asarray(e.itl_values, dtype=np.float64), np.asarray(e.itl_weights, dtype=np.float64),
-                   to_global[codes])
-
-    qs = grouped_weighted_quantiles(parts, len(order), tuple(p / 100 for p in PERCENTILES))
+    qs = grouped_weighted_quantiles(lambda: iter(parts), len(order), tuple(p / 100 for p in PERCENTILES))
     if qs is None:  # a NaN or -0.0 gap: the plain definition, on concatenated copies
         by_group, all_v, all_w = _itl_by_group(engines)
         return distribution(all_v, all_w), {label: distribution(v, w) for label, (v, w) in by_group.items()}
 
-    def dist(quantiles: list[float], lo: int, hi: int, total: float) -> dict:
-        # as ``distribution`` computes it: np.average's sum of value x weight over the sample, in order
+    def dist(quantiles: list[float], pairs) -> dict:
         out: dict[str, float | int] = {f"p{p}": x for p, x in zip(PERCENTILES, quantiles)}
-        if total == 0:
-            raise ZeroDivisionError("Weights sum to zero, can't be normalized")
-        out["mean"] = float(weighted[lo:hi].sum() / np.float64(total))
-        out["count"] = int(total)
+        out["mean"] = weighted_mean_of(pairs)
+        out["count"] = int(sum(float(w.sum()) for _, w in pairs()))  # whole numbers: exact in any order
         return out
 
-    whole = dist(qs[0], 0, int(bounds[-1]), float(weight.sum()))
-    groups = {label: dist(qs[1 + i], int(bounds[i]), int(bounds[i + 1]), float(weight[i]))
+    whole = dist(qs[0], lambda: ((v, w) for v, w, _g in parts))
+    groups = {label: dist(qs[1 + i], lambda i=i: ((v[g == i], w[g == i]) for v, w, g in parts if (g == i).any()))
               for label, i in order.items()}
     return whole, groups
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+import math
+from itertools import chain
+
 import numpy as np
 
 PERCENTILES = (50, 90, 95, 99)
@@ -23,26 +26,49 @@ class Metric(StrEnum):
     KV_USAGE_MEAN = "kv_usage_mean"
 
 
-_MERGE_MIN = 4096  # below this the sort is cheap: no merging
+# Veltkamp's splitting constant for float64: x * _SPLIT locates the top 26 significant bits of x
+_SPLIT = 134217729.0  # 2**27 + 1
+_SPLIT_MAX = 2.0 ** 996  # above this x * _SPLIT could overflow
 
 
-def _merge_repeats(v: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``v`` and ``w`` (whole numbers) with each run of consecutive copies of one value (the same bits) merged
-    into one value carrying the run's summed weight (a float); unchanged when runs would not halve them.
+def _halves(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``x == hi + lo`` exactly, each with at most 26 significant bits (Veltkamp's split), so the product of
+    a half of one value and a half of another is exact (barring underflow)."""
+    c = x * _SPLIT
+    hi = c - (c - x)
+    return hi, x - hi
 
-    Why: an engine records a decode-group step's gap once per member (one value repeated ~60 times in the
-    single-replica benchmark: 1.23 M gaps in 73 k runs), and the stable sort of every copy was most of the
-    end-of-run cost. The answers are the same: copies of one value sit next to each other in the stable
-    order too (no other element comes between them in the input), so the cumulative weight at a merged
-    run's end is the unmerged one at that position (whole-number weights: exact sums), and the first element
-    whose cumulative weight reaches a target lies in the run whose merged entry is the first to reach it,
-    with the same bits (copies are compared as bits, so 0.0 and -0.0 never merge)."""
-    b = v.view(np.uint64)
-    starts = np.flatnonzero(b[1:] != b[:-1]) + 1
-    if 2 * (starts.size + 1) > v.size:
-        return v, w
-    starts = np.concatenate(([0], starts))
-    return v[starts], np.add.reduceat(w.astype(np.float64), starts)  # (faster than reduceat's own cast)
+
+def exact_weighted_sum(values, weights) -> float | None:
+    """``sum(values * weights)`` computed exactly and rounded once (``math.fsum`` of the exact partial
+    products), so it does not depend on the order of the entries or on how a repeated value is split into
+    entries. None when a value or weight is not finite or too large to split."""
+    return exact_weighted_sum_of([(values, weights)])
+
+
+def exact_weighted_sum_of(pairs) -> float | None:
+    """``exact_weighted_sum`` of the (values, weights) pairs taken together (one rounding for all: the sum
+    of each pair's rounded sum would round more than once)."""
+    bad = False
+
+    def products():
+        nonlocal bad
+        for values, weights in pairs:
+            v = np.asarray(values, dtype=np.float64)
+            w = np.asarray(weights, dtype=np.float64)
+            if v.size == 0:
+                continue
+            if (not (np.isfinite(v).all() and np.isfinite(w).all())
+                    or max(np.abs(v).max(), np.abs(w).max()) >= _SPLIT_MAX):
+                bad = True
+                return
+            vh, vl = _halves(v)
+            wh, wl = _halves(w)
+            for x, y in ((vh, wh), (vh, wl), (vl, wh), (vl, wl)):
+                yield from (x * y).tolist()  # one product list at a time (32 bytes a value as Python floats)
+
+    s = math.fsum(products())
+    return None if bad else s
 
 
 def weighted_quantiles(values: np.ndarray, weights: np.ndarray | None, qs: tuple[float, ...]) -> list[float]:
@@ -50,10 +76,6 @@ def weighted_quantiles(values: np.ndarray, weights: np.ndarray | None, qs: tuple
     v = np.asarray(values, dtype=np.float64)
     if v.size == 0:
         return [float("nan")] * len(qs)
-    if weights is not None and v.size >= _MERGE_MIN:
-        w = np.asarray(weights)
-        if w.dtype.kind in "iu":  # whole-number weights only: their sums are exact in any grouping
-            v, weights = _merge_repeats(v, w)
     order = np.argsort(v, kind="stable")
     # The cumulative weight in value order, computed in place, and the values read through ``order`` at
     # the few quantile positions only: a fleet's inter-token gaps are hundreds of millions of values, and
@@ -71,15 +93,39 @@ def weighted_quantiles(values: np.ndarray, weights: np.ndarray | None, qs: tuple
     return out
 
 
+def weighted_mean(values, weights) -> float:
+    """``sum(values * weights) / sum(weights)``, each sum exact and rounded once, so the mean of n entries of
+    weight 1 and of one entry of weight n agree bit for bit, in any order (``np.average`` sums pairwise in
+    the given order). Non-finite values fall back on ``np.average``. ZeroDivisionError when the weights sum
+    to zero, as ``np.average`` raises."""
+    v = np.asarray(values, dtype=np.float64)
+    w = np.asarray(weights, dtype=np.float64)
+    return weighted_mean_of(lambda: [(v, w)])
+
+
+def weighted_mean_of(pairs) -> float:
+    """``weighted_mean`` of the (values, weights) pairs taken together (``pairs``: a callable returning an
+    iterable of them, read up to twice)."""
+    s = exact_weighted_sum_of(pairs())
+    if s is None:
+        v = np.concatenate([np.asarray(x, dtype=np.float64) for x, _ in pairs()])
+        w = np.concatenate([np.asarray(y, dtype=np.float64) for _, y in pairs()])
+        return float(np.average(v, weights=w))
+    total = math.fsum(chain.from_iterable(np.asarray(w, dtype=np.float64).tolist() for _, w in pairs()))
+    if total == 0:
+        raise ZeroDivisionError("Weights sum to zero, can't be normalized")
+    return s / total
+
+
 def distribution(values, weights=None) -> dict[str, float | int]:
-    """p50/p90/p95/p99/mean/count of a (weighted) sample; NaN when empty."""
+    """p50/p90/p95/p99/mean/count of a (weighted) sample; NaN when empty. A weighted sample's mean is
+    ``weighted_mean`` (exact sums); an unweighted one's is ``np.mean``'s."""
     v = np.asarray(values, dtype=np.float64)
     w = None if weights is None else np.asarray(weights, dtype=np.float64)
-    # (the weights as given: whole-number ones let the quantiles merge repeated values, see _merge_repeats)
-    qs = weighted_quantiles(v, None if weights is None else np.asarray(weights), tuple(p / 100 for p in PERCENTILES))
+    qs = weighted_quantiles(v, w, tuple(p / 100 for p in PERCENTILES))
     out: dict[str, float | int] = {f"p{p}": q for p, q in zip(PERCENTILES, qs)}
     if v.size:
-        out["mean"] = float(np.average(v, weights=w))
+        out["mean"] = float(np.average(v)) if w is None else weighted_mean(v, w)
         out["count"] = int(v.size if w is None else w.sum())
     else:
         out["mean"] = float("nan")

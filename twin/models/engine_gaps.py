@@ -1,27 +1,25 @@
-"""The engine's inter-token gaps: written as they happen, with a decode-group step's gaps as one run.
+"""The engine's inter-token gaps: a weighted sample, one entry per distinct gap a step gives.
 
-``Engine.itl_values`` and ``Engine.itl_weights`` are (value_s, weight) pairs, one weight per token the value
-applies to, in the order the engine produces them (typed arrays: 8 + 4 bytes a gap). A decode-group step
-gives every member the same gap; it used to be written as ``n`` copies at once (a temporary ``array * n``,
-then ``extend``) into two growing arrays (~1.2 M single gaps per 10,000 single-replica requests; that write
-pattern alone, 20,766 steps of 57 gaps, took 80 ms in a micro-benchmark against 1.6 ms for one entry a step;
-inside the benchmark's run the measured cut was smaller: -0.3% of callgrind's instructions, the rest of the
-old cost being reallocation copies and page faults that instruction counts do not weigh). Now the hot paths
-write into short *pending* arrays, where a group step is one entry plus its
-position and member count (``_gap_at``, ``_gap_n``); reading ``itl_values`` or ``itl_weights`` first
-expands the pending entries, with numpy, onto the end of the arrays readers see: the same values and
-weights in the same order, so every quantile, sum and mean taken from them is the same, bit for bit.
-(A reader during a run, such as the autoscaler's window, sees every gap written so far.)
+``Engine.itl_values`` and ``Engine.itl_weights`` are (value_s, weight) entries: an entry stands for
+``weight`` gaps of that value (typed arrays, 8 + 4 bytes an entry), and ``Engine.itl_groups`` (when
+tracked) gives each entry's group label. A request decoding on its own writes one entry of weight 1 per
+token; a decode-group step gives every member the same gap and writes one entry per group label present,
+weighted by its member count; a decode run's later steps write one entry per step and label, weighted by
+the batch. Every statistic read from them is a weighted one: the quantiles are the smallest value whose
+cumulative weight reaches the target, and the mean (``twin.metrics.exact_mean``) is the exact weighted sum
+rounded once, so an entry of weight n and n entries of weight 1 give the same figures, bit for bit.
 
-``GapColumns`` is mixed into ``twin.models.engine.Engine``; the group labels (``itl_groups``) are written
-directly, one per gap, as before.
+Until 2026-11-30 a group step's entry was expanded into one gap per member when the columns were read
+(~150 gaps per turn in a fleet run, 12 bytes each, ~4 GB at the full fleet for 10 minutes, and the fleet
+summary's products as many again), because the mean was a pairwise float sum over the expanded gaps in
+order; the exact mean made the expansion unnecessary (docs/performance.md, "Round 10").
+
+``GapColumns`` is mixed into ``twin.models.engine.Engine``.
 """
 
 from __future__ import annotations
 
 from array import array
-
-import numpy as np
 
 
 class GapColumns:
@@ -30,44 +28,13 @@ class GapColumns:
     __slots__ = ()
 
     def _gaps_init(self) -> None:
-        self._itl_v = array("d")  # the expanded gaps readers see
-        self._itl_w = array("I")
-        self._gap_v = array("d")  # pending gaps, written by the hot paths
-        self._gap_w = array("I")
-        self._gap_at = array("q")  # pending entries that stand for a group step's gaps ...
-        self._gap_n = array("q")  # ... and how many (one per member)
-
-    def _gap_run(self, value: float, n: int) -> None:
-        """``n`` gaps of ``value``, weight 1 each (a group step's members)."""
-        gv = self._gap_v
-        self._gap_at.append(len(gv))
-        self._gap_n.append(n)
-        gv.append(value)
-        self._gap_w.append(1)
-
-    def _gaps_flush(self) -> None:
-        """Expand the pending entries onto the readers' arrays, in order, and clear them."""
-        gv, gw = self._gap_v, self._gap_w
-        if not gv:
-            return
-        v = np.frombuffer(gv, np.float64)
-        w = np.frombuffer(gw, np.uint32)
-        if self._gap_at:
-            reps = np.ones(len(gv), np.int64)
-            reps[np.frombuffer(self._gap_at, np.int64)] = np.frombuffer(self._gap_n, np.int64)
-            v = np.repeat(v, reps)
-            w = np.repeat(w, reps)
-        self._itl_v.frombytes(memoryview(v).cast("B"))
-        self._itl_w.frombytes(memoryview(w).cast("B"))
-        del v, w  # (the views export the pending arrays' buffers: released before they are cleared)
-        del gv[:], gw[:], self._gap_at[:], self._gap_n[:]
+        self._gap_v = array("d")  # gap values
+        self._gap_w = array("I")  # how many gaps each entry stands for
 
     @property
     def itl_values(self) -> array:
-        self._gaps_flush()
-        return self._itl_v
+        return self._gap_v
 
     @property
     def itl_weights(self) -> array:
-        self._gaps_flush()
-        return self._itl_w
+        return self._gap_w

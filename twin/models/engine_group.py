@@ -8,7 +8,6 @@ into ``Engine`` and works on its attributes (``grp``, ``kv``, ``running``, the i
 
 from __future__ import annotations
 
-from array import array
 from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING
 
@@ -155,9 +154,7 @@ class GroupPath:
                 code = itl_g._index.get(r.group)
                 if code is None:  # a label not recorded yet: let the per-request path record it first
                     break
-                if itl_g.codes.typecode != grp.codes.typecode:
-                    grp.codes = array(itl_g.codes.typecode, grp.codes)
-                grp.codes.append(code)
+                grp.ncode[code] = grp.ncode.get(code, 0) + 1
             if pend is not None:
                 pend[r.seq._out_seg] = r
             grp.ver += 1
@@ -203,7 +200,12 @@ class GroupPath:
         grp.materialise(r)
         grp.csum -= r.num_computed
         if self.itl_groups is not None:
-            del grp.codes[idx]
+            code = self.itl_groups._index[r.group]
+            left = grp.ncode[code] - 1
+            if left:
+                grp.ncode[code] = left
+            else:
+                del grp.ncode[code]
         grp.n -= 1
         grp.drop_per(r)
         r.g_ver = None
@@ -227,21 +229,26 @@ class GroupPath:
             lst.clear()
         grp.scur = grp.steps
         grp.cheap.clear()
-        del grp.codes[:]
+        grp.ncode.clear()
         grp.epoch += 1
 
     def _g_emit(self, step: Step, first_s: float) -> int:
         """The members' inter-token gaps for a completing group step (all equal: every member's last token
-        came at the end of the previous step), in running order. Returns the member count."""
+        came at the end of the previous step): one entry weighted by the member count, or with gap groups one
+        per group code, weighted by its members. Returns the member count."""
         grp = self.grp
         n = step.g_n
-        gv = self._gap_v  # self._gap_run(first_s - grp.last_s, n), inlined (once per group step)
-        self._gap_at.append(len(gv))
-        self._gap_n.append(n)
-        gv.append(first_s - grp.last_s)
-        self._gap_w.append(1)
-        if self.itl_groups is not None:
-            self.itl_groups.codes.extend(grp.codes)
+        gap = first_s - grp.last_s
+        itl_g = self.itl_groups
+        if itl_g is None:
+            self._gap_v.append(gap)
+            self._gap_w.append(n)
+        else:
+            gv, gw, gc = self._gap_v, self._gap_w, itl_g.codes
+            for c, k in grp.ncode.items():
+                gv.append(gap)
+                gw.append(k)
+                gc.append(c)
         return n
 
     def _g_run(self, step: Step, m: int, ends_s: list[float], finished: list[EngineRequest],
@@ -283,9 +290,9 @@ class GroupPath:
         self._g_emit(step, ends_s[0])
         itl_g = self.itl_groups
         if itl_g is not None:
-            codes, labels = grp.codes, itl_g.labels
-            for c in dict.fromkeys(codes):  # labels in first-seen order, as the per-request loop counts them
-                counts[labels[c]] = codes.count(c)
+            labels = itl_g.labels
+            for c, k in grp.ncode.items():
+                counts[labels[c]] = k
         last_s = ends_s[m - 1]
         broken = False
         for r in (grp.pop_due(grp.cheap, sm) if grp.cheap and grp.cheap[0][0] <= sm else ()):  # (the run ends at the first)

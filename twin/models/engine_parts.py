@@ -157,7 +157,7 @@ class DecodeGroup:
     member's count is right whenever it is read.
     """
 
-    __slots__ = ("bs", "mml", "steps", "last_s", "n", "csum", "codes", "hist", "sched", "per", "n_per", "scur",
+    __slots__ = ("bs", "mml", "steps", "last_s", "n", "csum", "ncode", "hist", "sched", "per", "n_per", "scur",
                  "cheap", "ver", "infl", "epoch")
 
     def __init__(self, block_size: int, max_model_len: int) -> None:
@@ -167,7 +167,8 @@ class DecodeGroup:
         self.last_s = float("nan")  # end time of the last completed step (every member's last_token_s)
         self.n = 0  # members: running[:n]
         self.csum = 0  # sum of the members' true num_computed (in-flight token included)
-        self.codes = array("H")  # members' inter-token-gap group codes, parallel to running[:n] (with groups)
+        # members per inter-token-gap group code (with groups): a group step writes one gap entry per code
+        self.ncode: dict[int, int] = {}
         self.hist = [0] * block_size  # members by (stored num_computed - g_base) mod block size
         # schedule-time touches: step -> [(adm, ver, r)] (buckets, not a heap: a touch recurs every block, so
         # the heap's ordered pushes and pops were most of a touch's cost); steps <= scur are taken
