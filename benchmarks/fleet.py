@@ -41,7 +41,9 @@ def run_case(case: str, *, scale: float, sim_s: float, base: dict | None = None)
     extra = {"scale": scale, "replicas": s["fleet"]["replicas"], "turns_per_sim_s": turns / s["sim_time_s"],
              "completed": s["requests"]["completed"], "ttft_p50_s": s["ttft_s"]["p50"],
              "tabulate_cpu_s": res.cpu_s["tabulate"], "recorded_events": res.tables["events"].num_rows,
-             "itl_gaps": sum(len(e.itl_values) for e in w.engines())}
+             # inter-token gaps recorded, and the (value, weight) entries that hold them
+             "itl_gaps": s["itl_s"]["count"],
+             "itl_entries": sum(len(e.itl_values) for e in w.engines())}
     if base is not None:
         # CPU per turn against the first case's: 1.00 is linear growth with fleet size, the issue asks <= 1.2
         extra["cpu_per_turn_vs_linear"] = (last_cpu_s() / turns) / (base["cpu_s"] / base["sim_requests"])
