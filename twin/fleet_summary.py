@@ -63,9 +63,9 @@ def _itl_distributions(engines) -> tuple[dict, dict[str | None, dict]]:
     the engines' columns: the quantiles from ``grouped_weighted_quantiles`` (which reads them in place), the
     means as ``weighted_mean`` computes them (exact sums: the same whatever the order of the entries).
 
-    A fleet run has ~150 gaps per turn (~400 M at full scale for 10 minutes), but the engines write a
-    decode-group step's gaps as one entry per group label (``twin.models.engine_gaps``), so the columns
-    hold far fewer entries than gaps, and nothing here is as large as the gaps once were."""
+    A fleet run has ~400 gaps per turn, but the engines write a decode-group step's gaps as one entry per
+    group label (``twin.models.engine_gaps``), so the columns hold ~50x fewer entries than gaps, and nothing
+    here is as large as the gaps once were."""
     order, parts = _itl_parts(engines)
     if not parts:
         return distribution([]), {}
