@@ -74,15 +74,19 @@ def _itl_distributions(engines) -> tuple[dict, dict[str | None, dict]]:
         by_group, all_v, all_w = _itl_by_group(engines)
         return distribution(all_v, all_w), {label: distribution(v, w) for label, (v, w) in by_group.items()}
 
-    def dist(quantiles: list[float], pairs) -> dict:
+    def dist(quantiles: list[float], pairs: list) -> dict:
         out: dict[str, float | int] = {f"p{p}": x for p, x in zip(PERCENTILES, quantiles)}
-        out["mean"] = weighted_mean_of(pairs)
-        out["count"] = int(sum(float(w.sum()) for _, w in pairs()))  # whole numbers: exact in any order
+        out["mean"] = weighted_mean_of(lambda: pairs)
+        out["count"] = int(sum(float(w.sum()) for _, w in pairs))  # whole numbers: exact in any order
         return out
 
-    whole = dist(qs[0], lambda: ((v, w) for v, w, _g in parts))
-    groups = {label: dist(qs[1 + i], lambda i=i: ((v[g == i], w[g == i]) for v, w, g in parts if (g == i).any()))
-              for label, i in order.items()}
+    of_group: list[list] = [[] for _ in order]  # per group, each engine's entries of it
+    for v, w, g in parts:
+        for i in np.unique(g).tolist():
+            sel = g == i
+            of_group[i].append((v[sel], w[sel]))
+    whole = dist(qs[0], [(v, w) for v, w, _g in parts])
+    groups = {label: dist(qs[1 + i], of_group[i]) for label, i in order.items()}
     return whole, groups
 
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from enum import StrEnum
-
 import math
+from enum import StrEnum
 from itertools import chain
 
 import numpy as np

@@ -6,7 +6,7 @@ tracked) gives each entry's group label. A request decoding on its own writes on
 token; a decode-group step gives every member the same gap and writes one entry per group label present,
 weighted by its member count; a decode run's later steps write one entry per step and label, weighted by
 the batch. Every statistic read from them is a weighted one: the quantiles are the smallest value whose
-cumulative weight reaches the target, and the mean (``twin.metrics.exact_mean``) is the exact weighted sum
+cumulative weight reaches the target, and the mean (``twin.metrics.weighted_mean``) is the exact weighted sum
 rounded once, so an entry of weight n and n entries of weight 1 give the same figures, bit for bit.
 
 Until 2026-11-30 a group step's entry was expanded into one gap per member when the columns were read

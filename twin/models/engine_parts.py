@@ -102,8 +102,8 @@ class WaitingQueue:
 
 
 class GroupColumn:
-    """Group labels of the inter-token gaps, one small code per gap instead of a pointer (a fleet run
-    records hundreds of millions of gaps). Iterates, appends and extends like a list of labels."""
+    """Group labels of the inter-token gap entries, one small code per entry instead of a pointer (a fleet
+    run records millions of entries). Iterates, appends and extends like a list of labels."""
 
     __slots__ = ("codes", "labels", "_index")
 
