@@ -171,6 +171,26 @@ def test_full_buckets_are_pruned_and_behave_as_new() -> None:
     assert p.level("u0", "paid", 5.0) == 1000.0
 
 
+def test_sweeps_cost_a_bounded_time_per_commit() -> None:
+    """A sweep passes over every bucket, so sweeps are spaced by at least as many commits as buckets: the
+    buckets visited stay within twice the commits however many users are remembered (one sweep every 4,096
+    commits visited ~7 per commit at 60,000 users, and more as users grow)."""
+    p = bucket(rate=1e-3, burst=1000.0)  # nobody's bucket refills in this test: every user is remembered
+    visited = []
+    sweep = p._prune
+
+    def counting(now_s: float) -> None:
+        visited.append(len(p._buckets))
+        sweep(now_s)
+
+    p._prune = counting  # type: ignore[method-assign]
+    n = 60_000
+    for i in range(n):
+        assert p.admit(req(10, user=f"u{i}"), float(i) * 1e-3).admitted
+    assert len(p._buckets) == n and len(visited) >= 3
+    assert sum(visited) <= 2 * n
+
+
 # ----------------------------------------------------------------------------------------- tenant quota
 def quota(tpm: int = 1000, **kw: Any) -> TenantQuotaAdmission:
     p = build_admission({"kind": "tenant_quota", "tokens_per_minute": tpm, **kw}, seed=0)

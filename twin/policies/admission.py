@@ -99,6 +99,7 @@ class TokenBucketAdmission(BaseAdmission):
         self._buckets: dict[str, _Bucket] = {}
         self._charged: dict[str, tuple[str, str, int]] = {}  # request_id -> (user_id, tier, tokens)
         self._commits = 0
+        self._next_prune = _PRUNE_EVERY  # commit count at which the next sweep runs
 
     def limits(self, tier: str) -> tuple[float, float]:
         """``(tokens_per_s, burst_tokens)`` for a tier."""
@@ -136,8 +137,12 @@ class TokenBucketAdmission(BaseAdmission):
         if self.params.true_up:
             self._charged[req.request_id] = (req.user_id, req.tier, req.total_tokens)
         self._commits += 1
-        if self._commits % _PRUNE_EVERY == 0:
+        if self._commits >= self._next_prune:
             self._prune(now_s)
+            # the next sweep after as many commits as buckets are left (at least _PRUNE_EVERY): a sweep passes
+            # over every bucket, so one every 4,096 commits cost a time per commit that grew with the users
+            # remembered (a fleet at the peak remembers ~10^5 of them)
+            self._next_prune = self._commits + max(_PRUNE_EVERY, len(self._buckets))
 
     def on_completed(self, request_id: str, actual_tokens: int, now_s: float) -> None:
         self._tick(now_s)
