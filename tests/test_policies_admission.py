@@ -191,6 +191,20 @@ def test_sweeps_cost_a_bounded_time_per_commit() -> None:
     assert sum(visited) <= 2 * n
 
 
+def test_retry_budget_per_user_sweeps_on_the_same_schedule() -> None:
+    """The retry budget scoped per user keeps a window per user: its sweeps follow the same schedule."""
+    from twin.policies.admission import RetryBudgetAdmission
+
+    p = build_admission({"kind": "retry_budget", "scope": "user", "window_s": 1e9}, seed=0)
+    assert isinstance(p, RetryBudgetAdmission)
+    n = 40_000
+    for i in range(n):
+        assert p.admit(req(10, user=f"u{i}"), float(i)).admitted
+    # every window is kept (the window never ends), so the sweeps at 4,096, 8,192, 16,384 and 32,768 commits each
+    # left as many windows as commits, and the next one is due at 65,536 (a fixed period: 40,960)
+    assert len(p._firsts) == n and p._sweeps.next == 65_536
+
+
 # ----------------------------------------------------------------------------------------- tenant quota
 def quota(tpm: int = 1000, **kw: Any) -> TenantQuotaAdmission:
     p = build_admission({"kind": "tenant_quota", "tokens_per_minute": tpm, **kw}, seed=0)

@@ -23,7 +23,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 # The common parts live in admission_base and are re-exported here (AdmissionPolicy, for instance, is not used below):
 # a production gateway imports every admission name from this module.
 from twin.policies.admission_base import (  # noqa: F401
-    _PRUNE_EVERY,
     ADMISSIONS,
     ADMIT,
     REQUEST_EXCEEDS_BURST,
@@ -38,6 +37,7 @@ from twin.policies.admission_base import (  # noqa: F401
     AdmissionPolicy,
     AdmissionRequest,
     BaseAdmission,
+    SweepSchedule,
 )
 from twin.policies.family import PolicyFamily
 from twin.policies.prng import mix64, stable_hash_str
@@ -98,8 +98,7 @@ class TokenBucketAdmission(BaseAdmission):
         super().__init__(params, seed=seed)
         self._buckets: dict[str, _Bucket] = {}
         self._charged: dict[str, tuple[str, str, int]] = {}  # request_id -> (user_id, tier, tokens)
-        self._commits = 0
-        self._next_prune = _PRUNE_EVERY  # commit count at which the next sweep runs
+        self._sweeps = SweepSchedule()
 
     def limits(self, tier: str) -> tuple[float, float]:
         """``(tokens_per_s, burst_tokens)`` for a tier."""
@@ -136,13 +135,9 @@ class TokenBucketAdmission(BaseAdmission):
         self._set(req.user_id, req.tier, level - (req.prompt_tokens + req.expected_output_tokens), now_s)
         if self.params.true_up:
             self._charged[req.request_id] = (req.user_id, req.tier, req.total_tokens)
-        self._commits += 1
-        if self._commits >= self._next_prune:
+        if self._sweeps.commit():
             self._prune(now_s)
-            # the next sweep after as many commits as buckets are left (at least _PRUNE_EVERY): a sweep passes
-            # over every bucket, so one every 4,096 commits cost a time per commit that grew with the users
-            # remembered (a fleet at the peak remembers ~10^5 of them)
-            self._next_prune = self._commits + max(_PRUNE_EVERY, len(self._buckets))
+            self._sweeps.swept(len(self._buckets))
 
     def on_completed(self, request_id: str, actual_tokens: int, now_s: float) -> None:
         self._tick(now_s)
@@ -227,7 +222,7 @@ class TenantQuotaAdmission(BaseAdmission):
         super().__init__(params, seed=seed)
         self._windows: dict[str, _Window] = {}
         self._entries: dict[str, _Entry] = {}
-        self._commits = 0
+        self._sweeps = SweepSchedule()
 
     def quota(self, tenant: str) -> int:
         return self.params.tenant_overrides.get(tenant, self.params.tokens_per_minute)
@@ -260,10 +255,10 @@ class TenantQuotaAdmission(BaseAdmission):
         w.used += entry.tokens
         if self.params.true_up:
             self._entries[req.request_id] = entry
-        self._commits += 1
-        if self._commits % _PRUNE_EVERY == 0:
+        if self._sweeps.commit():
             for tenant in list(self._windows):
                 self._expire(tenant, now_s)
+            self._sweeps.swept(len(self._windows))
 
     def on_completed(self, request_id: str, actual_tokens: int, now_s: float) -> None:
         self._tick(now_s)
@@ -316,7 +311,7 @@ class RetryBudgetAdmission(BaseAdmission):
         super().__init__(params, seed=seed)
         self._firsts: dict[str, deque[float]] = {}
         self._retries: dict[str, deque[float]] = {}
-        self._commits = 0
+        self._sweeps = SweepSchedule()
 
     def _key(self, req: AdmissionRequest) -> str:
         scope = self.params.scope
@@ -357,10 +352,10 @@ class RetryBudgetAdmission(BaseAdmission):
         if q is None:
             q = store[key] = deque()
         q.append(now_s)
-        self._commits += 1
-        if self._commits % _PRUNE_EVERY == 0:
+        if self._sweeps.commit():
             for k in sorted(set(self._firsts) | set(self._retries)):
                 self._expire(k, now_s)
+            self._sweeps.swept(len(self._firsts.keys() | self._retries.keys()))
 
     def _expire(self, key: str, now_s: float) -> tuple[deque[float], deque[float]]:
         edge = self.params.window_s - TIME_EPS_S

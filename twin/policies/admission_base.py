@@ -22,7 +22,29 @@ TOKEN_EPS = 1e-6
 ``retry_after_s`` later succeeds despite float rounding. Negligible next to whole tokens."""
 TIME_EPS_S = 1e-9
 """An entry of a sliding window leaves it once ``now_s - t_s >= window_s - TIME_EPS_S``."""
-_PRUNE_EVERY = 4096  # commits between sweeps that drop state equal to a fresh one
+_PRUNE_EVERY = 4096  # the fewest commits between sweeps that drop state equal to a fresh one
+
+
+class SweepSchedule:
+    """When a policy sweeps its per-key state (users, tenants) for entries equal to fresh ones: after as many
+    commits as entries the last sweep left, and at least ``_PRUNE_EVERY``. A sweep visits every entry, so a
+    fixed period made its cost per commit grow with the keys remembered (per user, with the fleet and the
+    run's length); this keeps it bounded (entries visited at most about twice the commits)."""
+
+    __slots__ = ("commits", "next")
+
+    def __init__(self) -> None:
+        self.commits = 0
+        self.next = _PRUNE_EVERY
+
+    def commit(self) -> bool:
+        """Count a commit; True when a sweep is due now (then call ``swept``)."""
+        self.commits += 1
+        return self.commits >= self.next
+
+    def swept(self, left: int) -> None:
+        """A sweep has run and left ``left`` entries."""
+        self.next = self.commits + max(_PRUNE_EVERY, left)
 
 
 @dataclass(frozen=True, slots=True)
