@@ -307,10 +307,11 @@ def calibrate(run_dirs: Sequence[str | Path], *, name: str, command: str, genera
     overhead_s = max(float(gaps.sum() / spans.sum()), 0.0)
     shapes = [sh for s in samples for sh in s.shapes]
     elapsed = np.concatenate([s.elapsed_s for s in samples])
-    firsts = _first_steps([len(s.shapes) for s in samples]) if options.first_step else None
+    lengths = [len(s.shapes) for s in samples]
+    firsts = _first_steps(lengths) if options.first_step else None
     try:
         fit, keep = robust_fit(shapes, elapsed, overhead_s=overhead_s, exclude=firsts, options=options,
-                               runs=_run_index([len(s.shapes) for s in samples]))
+                               runs=_run_index(lengths))
     except ValueError as exc:  # too few steps of a regime, non-positive durations
         raise CalibrationError(f"cannot fit the step-time regimes: {exc}") from exc
     coefficients = fit.coefficients
@@ -395,10 +396,11 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
     base_s, per_chunk_s = fit_front_end(gaps, chunks)
     shapes = [sh for s in steps for sh in s.shapes]
     elapsed = np.concatenate([s.elapsed_s for s in steps])
-    firsts = _first_steps([len(s.shapes) for s in steps]) if options.first_step else None
+    lengths = [len(s.shapes) for s in steps]
+    firsts = _first_steps(lengths) if options.first_step else None
     try:
         fit, keep = robust_fit(shapes, elapsed, overhead_s=float(base_s), exclude=firsts, options=options,
-                               runs=_run_index([len(s.shapes) for s in steps]))
+                               runs=_run_index(lengths))
     except ValueError as exc:
         raise CalibrationError(f"cannot fit the server step-time regimes: {exc}") from exc
     bounds = [arrival_bounds(r, s, front_end_s=base_s) for r, s in zip(used, steps, strict=True)]
