@@ -15,9 +15,7 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -25,7 +23,7 @@ from pathlib import Path
 
 import aiohttp
 
-from twin.router.local import free_port
+from twin.router.local import free_ports, start_command, stop_command, wait_serving
 
 KEY = "sk-loadtest-000001"
 IDLE_PROBE_S = 5.0
@@ -113,26 +111,6 @@ async def _phase(name: str, targets: list[str], *, streams: int, duration_s: flo
     return res
 
 
-def _wait_healthy(port: int, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
-    import http.client
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process on port {port} exited with {proc.returncode}")
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1.0)
-            conn.request("GET", "/health")
-            ok = conn.getresponse().status == 200
-            conn.close()
-            if ok:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"port {port} not healthy after {timeout_s} s")
-
-
 def _cpu_s(pid: int) -> float:
     """utime + stime of a process, from /proc (Linux); 0 elsewhere."""
     try:
@@ -140,21 +118,6 @@ def _cpu_s(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _start(args: list[str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "twin", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, process_group=0)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
 
 
 def run(args: argparse.Namespace) -> list[tuple[PhaseResult, PhaseResult]]:
@@ -165,16 +128,16 @@ def run(args: argparse.Namespace) -> list[tuple[PhaseResult, PhaseResult]]:
         scenario.write_text(f"policy:\n  router: {{kind: {args.policy}}}\n")
         keys.write_text(f"keys:\n  {KEY}: {{tenant: loadtest}}\n")
         try:
-            ports = [free_port() for _ in range(args.replicas)]
-            for p in ports:
-                procs.append(_start(["emulate", "--profile", args.profile, "--port", str(p),
-                                     "--max-model-len", str(args.max_model_len)]))
-            rport = free_port()
+            *ports, rport = free_ports(args.replicas + 1)
+            logs = [Path(tmp) / f"emulate-{i}.log" for i in range(args.replicas)] + [Path(tmp) / "router.log"]
+            for p, log in zip(ports, logs, strict=False):
+                procs.append(start_command(["emulate", "--profile", args.profile, "--port", str(p),
+                                            "--max-model-len", str(args.max_model_len)], log))
             ups = [x for p in ports for x in ("--upstream", f"http://127.0.0.1:{p}")]
-            procs.append(_start(["router", "--scenario", str(scenario), "--keys", str(keys), "--port", str(rport),
-                                 "--max-model-len", str(args.max_model_len), *ups]))
-            for p, proc in zip([*ports, rport], procs, strict=True):
-                _wait_healthy(p, proc)
+            procs.append(start_command(["router", "--scenario", str(scenario), "--keys", str(keys), "--port",
+                                        str(rport), "--max-model-len", str(args.max_model_len), *ups], logs[-1]))
+            for p, proc, log in zip([*ports, rport], procs, logs, strict=True):
+                wait_serving(proc, p, log)
             direct = [f"http://127.0.0.1:{p}" for p in ports]
             routed = [f"http://127.0.0.1:{rport}"]
             kw = dict(duration_s=args.duration_s, prompt_tokens=args.prompt_tokens, max_tokens=args.max_tokens,
@@ -198,7 +161,7 @@ def run(args: argparse.Namespace) -> list[tuple[PhaseResult, PhaseResult]]:
                 _report(d, r)
         finally:
             for proc in procs:
-                _stop(proc)
+                stop_command(proc, grace_s=10.0)
     return out
 
 

@@ -1,4 +1,5 @@
-"""Serving helpers: one blocking ``serve`` for the commands, and ``LocalServers`` for tests and load tests.
+"""Serving helpers: one blocking ``serve`` for the commands, ``LocalServers`` for tests and load tests, and the
+helpers that start ``twin`` commands as processes and wait until each serves its port.
 
 Both bind loopback by default and run aiohttp with ``handler_cancellation`` on, so a client that
 disconnects cancels its handler (that is how cancellation reaches the upstream and the engine).
@@ -7,8 +8,14 @@ disconnects cancels its handler (that is how cancellation reaches the upstream a
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 from aiohttp import web
@@ -75,11 +82,76 @@ class LocalServers:
 
 
 def free_port() -> int:
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct loopback ports free now. Every socket is held until all are chosen: ports taken one at a
+    time can repeat (the first is released before the second is drawn)."""
     import socket
 
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    socks = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def start_command(args: list[str], log_path: Path, *, cwd: Path | None = None) -> subprocess.Popen:
+    """``python -m twin ARGS`` in its own process group, stdout and stderr to ``log_path``."""
+    with open(log_path, "wb") as log:  # the child holds its own descriptor
+        return subprocess.Popen([sys.executable, "-m", "twin", *args], cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, process_group=0, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+
+
+def wait_serving(proc: subprocess.Popen, port: int, log_path: Path, timeout_s: float = 60.0) -> None:
+    """Return once ``proc`` (started by :func:`start_command`) serves on ``port``.
+
+    Its banner in its log (``serve`` prints it once the socket is bound and SIGTERM is handled) is the proof
+    that this process owns the port; /health answering 200 alone is not, since another process may hold a
+    port that was free when it was drawn. Raises RuntimeError with the log's tail if the process exits or the
+    time runs out.
+    """
+    import http.client
+
+    deadline = time.monotonic() + timeout_s
+    mark = f":{port}".encode()
+
+    def _fail(why: str) -> RuntimeError:
+        return RuntimeError(f"{why}; its output:\n{log_path.read_bytes()[-4000:].decode(errors='replace')}")
+
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise _fail(f"{' '.join(map(str, proc.args[2:]))} exited with {proc.returncode}")
+        if any(b"http://" in ln and mark in ln for ln in log_path.read_bytes().splitlines()):
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2.0)
+                try:
+                    conn.request("GET", "/health")
+                    if conn.getresponse().status == 200:
+                        return
+                finally:
+                    conn.close()
+            except OSError:
+                pass
+        time.sleep(0.1)
+    raise _fail(f"port {port} not served after {timeout_s} s")
+
+
+def stop_command(proc: subprocess.Popen, grace_s: float = 15.0) -> int | None:
+    """SIGTERM, then SIGKILL the process group after ``grace_s``; the exit status SIGTERM gave (None if killed)."""
+    if proc.poll() is not None:
+        return proc.returncode
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
+        return None
 
 
 class LocalFleet:
