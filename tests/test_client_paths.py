@@ -10,7 +10,7 @@ import simpy
 
 import twin.models.fleet as fleet_mod
 from twin.models.generation import Stream, first_token_or_timeout
-from twin.models.waits import CallOffTimers, first_of
+from twin.models.waits import CallOffTimers, first_of, first_of_timer
 from twin.models.population import IndexDraw
 from twin.runner import run_scenario
 from twin.scenario import load_scenario
@@ -70,6 +70,48 @@ def _order_log(wait_kind: str, fire_a_at: float, fire_b_at: float) -> list[tuple
 @pytest.mark.parametrize(("ta", "tb"), [(1.0, 2.0), (2.0, 1.0), (1.0, 1.0), (0.0, 0.0)])
 def test_first_of_resumes_where_a_condition_would(ta: float, tb: float) -> None:
     assert _order_log("first_of", ta, tb) == _order_log("condition", ta, tb)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_first_of_timer_resumes_where_a_condition_with_a_timeout_would(seed: int) -> None:
+    """Queued turns wait for dispatch or their patience (``a | env.timeout(d)``, now ``first_of_timer``), many at
+    once and sharing one ``CallOffTimers``, with bystanders at the same instants: every resume, and what each
+    saw, lands at the same place in the event order."""
+
+    def run(kind: str) -> list[tuple[float, str]]:
+        rng = np.random.default_rng(seed)
+        env = simpy.Environment()
+        timers = CallOffTimers(env)
+        log: list[tuple[float, str]] = []
+        plan = [(float(rng.integers(0, 5)), float(rng.integers(0, 4)),
+                 float(rng.integers(0, 6)) if rng.random() < 0.8 else None) for _ in range(30)]
+
+        def dispatcher(k, a, delay):  # the queue dispatching, then going on at the same instant
+            yield env.timeout(delay)
+            a.succeed()
+            log.append((env.now, f"dispatched {k}"))
+            for hop in range(3):
+                yield env.timeout(0)
+                log.append((env.now, f"dispatch {k}, hop {hop}"))
+
+        def turn(k, start, patience, dispatch_in):
+            yield env.timeout(start)
+            a = env.event()
+            if dispatch_in is not None:
+                env.process(dispatcher(k, a, dispatch_in))
+            env.timeout(patience).callbacks.append(lambda _e: log.append((env.now, f"bystander {k}")))
+            if kind == "condition":
+                yield a | env.timeout(patience)
+            else:
+                yield first_of_timer(env, a, timers, patience)
+            log.append((env.now, f"turn {k} resumed dispatched={a.triggered}"))
+
+        for k, p in enumerate(plan):
+            env.process(turn(k, *p))
+        env.run(until=20)
+        return log
+
+    assert run("timer") == run("condition")
 
 
 def _stream_log(kind: str, first_at: float | None, done_at: float | None, timeout_s: float | None):

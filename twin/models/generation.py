@@ -11,7 +11,7 @@ from twin.models.request import EngineRequest
 from twin.models.stream import Stream, first_mark, first_token_or_timeout
 from twin.models.token_queue import QueueEntry
 from twin.models.tokens import TokenSeq
-from twin.models.waits import CallOffTimers, first_of
+from twin.models.waits import CallOffTimers, first_of_timer
 from twin.policies import RequestFacts
 from twin.policies.queueing import QueueItem
 
@@ -150,7 +150,7 @@ class Generations:
             entry.dispatched = env.event()
             limits = [x for x in (patience, deadline) if x is not None]
             if limits:
-                yield first_of(env, entry.dispatched, env.timeout(min(limits)))
+                yield first_of_timer(env, entry.dispatched, self.timers, min(limits))
             else:
                 yield entry.dispatched
             if not entry.is_dispatched:
