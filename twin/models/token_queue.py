@@ -153,14 +153,19 @@ class TokenQueue:
             blocked: list[tuple[int, int, QueueEntry]] = []
             blocked_models: set[tuple] = set()
             live = self._live_keys
+            pop = heapq.heappop
             while heap:
-                item = heapq.heappop(heap)
+                # the best entry is looked at in place and popped only once it leaves or is set aside: under a
+                # backlog most kicks find no room for it, and a pop and push back would walk the heap twice
+                # (the order entries leave in is the same: (priority, seq) is unique)
+                item = heap[0]
                 e = item[2]
                 if e.removed:
+                    pop(heap)
                     continue
                 key = e.key  # same candidate set
                 if key in blocked_models:
-                    blocked.append(item)
+                    blocked.append(pop(heap))
                     if len(blocked) >= 64:  # the rest waits for the next kick; order is kept by the heap
                         break
                     continue
@@ -168,12 +173,14 @@ class TokenQueue:
                 decision = self.router.route(e.facts, cands) if cands else None
                 if decision is None or decision.replica_id is None:
                     blocked_models.add(key)
-                    blocked.append(item)
                     # every key still queued is blocked: nothing further can leave in this kick (room only
-                    # shrinks while it sends), so stop here instead of popping up to 64 entries to push back
+                    # shrinks while it sends), so stop here, leaving this entry where it is
                     if len(blocked_models) == len(live):
                         break
+                    blocked.append(pop(heap))
                     continue
+                popped = pop(heap)
+                assert popped is item, "routing does not change the queue"
                 self._leave(e)
                 self.in_flight_tokens += e.tokens
                 e.replica_id = decision.replica_id
