@@ -25,12 +25,13 @@ INTERLEAVED = QUIET.parent / "cpu-tiny-llama-interleaved"  # sweep and held-out 
 INTERLEAVED2 = QUIET.parent / "cpu-tiny-llama-interleaved2"  # the same, right after
 INTERLEAVED3 = QUIET.parent / "cpu-tiny-llama-interleaved3"  # the same, 70 minutes later
 INTERLEAVED4 = QUIET.parent / "cpu-tiny-llama-interleaved4"  # the same, two hours later, on a later tree
+FRESHHOST = QUIET.parent / "cpu-tiny-llama-freshhost"  # the same on a new machine, vLLM installed by the command
 
 
 @pytest.mark.parametrize("root", [QUIET, QUIET2, WARM, WARM2, PINNED_BUSY, PINNED_QUIET, PROBE, PROBE2, INTERLEAVED,
-                                  INTERLEAVED2, INTERLEAVED3, INTERLEAVED4],
+                                  INTERLEAVED2, INTERLEAVED3, INTERLEAVED4, FRESHHOST],
                          ids=["quiet", "quiet2", "warm", "warm2", "pinned-busy", "pinned-quiet", "probe", "probe2",
-                              "interleaved", "interleaved2", "interleaved3", "interleaved4"])
+                              "interleaved", "interleaved2", "interleaved3", "interleaved4", "freshhost"])
 def test_the_committed_profile_is_the_fit_of_the_committed_sweep(root: Path) -> None:
     runs = sorted(p for p in (root / "calibration").iterdir() if (p / "run.json").exists())
     assert len(runs) == 9
@@ -79,9 +80,10 @@ def test_the_committed_fidelity_table_is_what_fidelity_gives() -> None:
     (PINNED_BUSY, None, "fidelity-held-out.json", 148, 71), (PINNED_QUIET, None, "fidelity-held-out.json", 120, 46),
     (PROBE, None, "fidelity-held-out.json", 149, 69), (PROBE2, None, "fidelity-held-out.json", 146, 69),
     (INTERLEAVED, None, "fidelity-held-out.json", 151, 71), (INTERLEAVED2, None, "fidelity-held-out.json", 106, 43),
-    (INTERLEAVED3, None, "fidelity-held-out.json", 152, 72), (INTERLEAVED4, None, "fidelity-held-out.json", 149, 69)],
+    (INTERLEAVED3, None, "fidelity-held-out.json", 152, 72), (INTERLEAVED4, None, "fidelity-held-out.json", 149, 69),
+    (FRESHHOST, None, "fidelity-held-out.json", 148, 69)],
     ids=["quiet2", "quiet2-no-noise", "warm", "warm2", "pinned-busy", "pinned-quiet", "probe", "probe2", "interleaved",
-         "interleaved2", "interleaved3", "interleaved4"])
+         "interleaved2", "interleaved3", "interleaved4", "freshhost"])
 def test_the_four_repeat_sessions_tables_are_what_fidelity_gives(root: Path, noise: bool | None, name: str,
                                                                  passed: int, latency_passed: int) -> None:
     """The second quiet set and the warm-server set: four repeats recorded back to back after their own sweep
