@@ -34,7 +34,8 @@ def last_cpu_s() -> float:
     return _last_cpu_s
 
 
-def emit(case: str, *, sim_requests: int, sim_s: float, events: int, wall_s: float, extra: dict | None = None) -> dict:
+def emit(case: str, *, sim_requests: int, sim_s: float, events: int | None, wall_s: float,
+         extra: dict | None = None) -> dict:
     """One JSON line per case. ``cpu_s`` is this process's CPU time for the case: on a machine shared with
     other work it is the steadier number (wall time includes waiting for a core). ``peak_rss_mb`` is the
     process's peak so far, so in a multi-case run it is the largest case's up to that line."""
@@ -43,7 +44,7 @@ def emit(case: str, *, sim_requests: int, sim_s: float, events: int, wall_s: flo
         "sim_requests": sim_requests,
         "sim_requests_per_wall_s": sim_requests / wall_s,
         "sim_s_per_wall_s": sim_s / wall_s,
-        "events_per_wall_s": events / wall_s,
+        "events_per_wall_s": None if events is None else events / wall_s,  # None: not counted (sweeps)
         "wall_s": wall_s,
         "cpu_s": _last_cpu_s,
         "sim_requests_per_cpu_s": sim_requests / _last_cpu_s if _last_cpu_s > 0 else None,
