@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> list[tuple[PhaseResult, PhaseResult]]:
         try:
             *ports, rport = free_ports(args.replicas + 1)
             logs = [Path(tmp) / f"emulate-{i}.log" for i in range(args.replicas)] + [Path(tmp) / "router.log"]
-            for p, log in zip(ports, logs, strict=False):
+            for p, log in zip(ports, logs[:-1], strict=True):
                 procs.append(start_command(["emulate", "--profile", args.profile, "--port", str(p),
                                             "--max-model-len", str(args.max_model_len)], log))
             ups = [x for p in ports for x in ("--upstream", f"http://127.0.0.1:{p}")]

@@ -116,9 +116,10 @@ def wait_serving(proc: subprocess.Popen, port: int, log_path: Path, timeout_s: f
     time runs out.
     """
     import http.client
+    import re
 
     deadline = time.monotonic() + timeout_s
-    mark = f":{port}".encode()
+    banner = re.compile(rb"http://\S*:%d(?!\d)" % port)
 
     def _fail(why: str) -> RuntimeError:
         return RuntimeError(f"{why}; its output:\n{log_path.read_bytes()[-4000:].decode(errors='replace')}")
@@ -126,7 +127,7 @@ def wait_serving(proc: subprocess.Popen, port: int, log_path: Path, timeout_s: f
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise _fail(f"{' '.join(map(str, proc.args[2:]))} exited with {proc.returncode}")
-        if any(b"http://" in ln and mark in ln for ln in log_path.read_bytes().splitlines()):
+        if banner.search(log_path.read_bytes()):
             try:
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2.0)
                 try:
