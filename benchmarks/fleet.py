@@ -43,7 +43,10 @@ def run_case(case: str, *, scale: float, sim_s: float, base: dict | None = None)
              "tabulate_cpu_s": res.cpu_s["tabulate"], "recorded_events": res.tables["events"].num_rows,
              # inter-token gaps recorded, and the (value, weight) entries that hold them
              "itl_gaps": s["itl_s"]["count"],
-             "itl_entries": sum(len(e.itl_values) for e in w.engines())}
+             "itl_entries": sum(len(e.itl_values) for e in w.engines()),
+             # is the fleet keeping up? At the note's peak it is not (docs/performance.md, round 8): the queue
+             # grows for the rest of the run, and a turn costs more to simulate under that backlog
+             "queue_wait_p50_s": s["queue_s"]["p50"], "queued_at_end": w.queue.count}
     if base is not None:
         # CPU per turn against the first case's: 1.00 is linear growth with fleet size, the issue asks <= 1.2
         extra["cpu_per_turn_vs_linear"] = (last_cpu_s() / turns) / (base["cpu_s"] / base["sim_requests"])
@@ -63,7 +66,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows.append(run_case(f"fleet_peak_x{m:g}", scale=scale, sim_s=args.sim_s, base=rows[0] if rows else None))
     print(table(rows, ["case", "replicas", "sim_requests", "sim_s_per_wall_s", "sim_requests_per_wall_s",
                        "events_per_wall_s", "wall_s", "cpu_s", "cpu_ms_per_sim_request", "tabulate_cpu_s",
-                       "peak_rss_mb"]))
+                       "peak_rss_mb", "queued_at_end"]))
     if len(rows) > 1:
         base = rows[0]
         for r in rows[1:]:
