@@ -44,8 +44,8 @@ def run_case(case: str, *, scale: float, sim_s: float, base: dict | None = None)
              # inter-token gaps recorded, and the (value, weight) entries that hold them
              "itl_gaps": s["itl_s"]["count"],
              "itl_entries": sum(len(e.itl_values) for e in w.engines()),
-             # is the fleet keeping up? At the note's peak it is not (docs/performance.md, round 8): the queue
-             # grows for the rest of the run, and a turn costs more to simulate under that backlog
+             # is the fleet keeping up? At the note's peak the 0.0625x and 0.25x fleets build a backlog in the
+             # global queue and the full fleet does not (docs/performance.md, rounds 8 and 11)
              "queue_wait_p50_s": s["queue_s"]["p50"], "queued_at_end": w.queue.count}
     if base is not None:
         # CPU per turn against the first case's: 1.00 is linear growth with fleet size, the issue asks <= 1.2

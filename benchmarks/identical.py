@@ -16,11 +16,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 
-def _strip_wall(o):
+def strip_wall(o):
+    """``o`` (a summary) without its ``wall_s`` fields, at any depth."""
     if isinstance(o, dict):
-        return {k: _strip_wall(v) for k, v in o.items() if k != "wall_s"}
+        return {k: strip_wall(v) for k, v in o.items() if k != "wall_s"}
     if isinstance(o, list):
-        return [_strip_wall(v) for v in o]
+        return [strip_wall(v) for v in o]
     return o
 
 
@@ -41,8 +42,8 @@ def compare(a: Path, b: Path) -> list[str]:
             all(_same(x, y) for x, y in zip(ta.column(c).to_pylist(), tb.column(c).to_pylist()))
             for c in ta.column_names)
         out.append(f"{f.name}: {ta.num_rows} rows {'identical' if eq else 'DIFFERENT'}")
-    sa = _strip_wall(json.loads((a / "summary.json").read_text()))
-    sb = _strip_wall(json.loads((b / "summary.json").read_text()))
+    sa = strip_wall(json.loads((a / "summary.json").read_text()))
+    sb = strip_wall(json.loads((b / "summary.json").read_text()))
     out.append(f"summary.json: {'identical' if sa == sb else 'DIFFERENT'}")
     if sa != sb:
         out += [f"  {k}: {sa[k]!r} vs {sb.get(k)!r}" for k in sa if sa[k] != sb.get(k)]

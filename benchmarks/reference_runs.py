@@ -19,14 +19,11 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks.fleet import OVERRIDES
 from benchmarks.identical import compare
 
 _FLEET = "scenarios/baseline-day.yaml"
-_BENCH = ["fleet.traffic.start_hour=14.0", "fleet.policy.router={kind: llm_d_scorer}", "fleet.scale=0.02",
-          "fleet.traffic.duration_s=60", "horizon_s=60", "output.levels_interval_s=5.0",
-          "fleet.gateway.admission={kind: composite, policies: [{kind: retry_budget, ratio: 0.2, "
-          "min_retries_per_window: 10, window_s: 10}, {kind: token_bucket, tokens_per_s: 200, "
-          "burst_tokens: 40000}]}"]
+_BENCH = [*OVERRIDES, "fleet.scale=0.02", "fleet.traffic.duration_s=60", "horizon_s=60"]  # the fleet benchmark's
 _SHORT = ["fleet.traffic.duration_s=40", "horizon_s=40"]
 
 # name -> (scenario, overrides)

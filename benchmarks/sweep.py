@@ -25,6 +25,7 @@ from pathlib import Path
 
 from benchmarks.common import emit, log, measure, table
 from benchmarks.fleet import OVERRIDES
+from benchmarks.identical import strip_wall
 from twin.sweep import SweepSpec, run_sweep
 
 
@@ -39,9 +40,7 @@ def spec(*, scale: float, sim_s: float, seeds: int) -> SweepSpec:
 def _summaries(folder: Path) -> dict[str, dict]:
     out = {}
     for d in sorted((folder / "runs").iterdir()):
-        s = json.loads((d / "summary.json").read_text())
-        s.pop("wall_s", None)
-        out[d.name] = s
+        out[d.name] = strip_wall(json.loads((d / "summary.json").read_text()))
     return out
 
 
