@@ -1,7 +1,8 @@
-"""TokenQueue.kick under a backlog: a kick stops as soon as every candidate-set key still queued is blocked
-(instead of popping up to 64 entries only to push them back), and withdrawn entries are swept out of the heap
-once they outnumber the queued ones. Neither may change which entry leaves when: checked against a plain
-reference that pops and re-pushes as the kick did before, with stub router and policy."""
+"""TokenQueue.kick under a backlog: entries leave in (priority, seq) order across candidate-set keys, a key
+that finds no room is passed over for the rest of the kick (its entries are not walked: the queue keeps a
+heap per key), the kick stops as soon as every key still queued is blocked, and withdrawn entries are swept
+out once they outnumber the queued ones. Checked against a plain reference that walks every entry in order,
+with stub router and policy."""
 
 from __future__ import annotations
 
@@ -52,23 +53,21 @@ def _entry(i: int, model: str, sent: list[str]) -> QueueEntry:
 
 
 def _reference_kick(heap_items: list, room: dict[str, int]) -> list[str]:
-    """What the kick did before: pop in (priority, seq) order, skip blocked keys, stop after 64 blocked."""
-    out, blocked, blocked_keys = [], 0, set()
+    """In (priority, seq) order: skip withdrawn entries and blocked keys, send while a key has room."""
+    out, blocked_keys = [], set()
     for pri, seq, e, model in sorted(heap_items, key=lambda x: (x[0], x[1])):
-        if e.removed:
-            continue
-        if model in blocked_keys:
-            blocked += 1
-            if blocked >= 64:
-                break
+        if e.removed or model in blocked_keys:
             continue
         if room[model] <= 0:
             blocked_keys.add(model)
-            blocked += 1
             continue
         room[model] -= 1
         out.append(e.facts.request_id)
     return out
+
+
+def _heaped(q: TokenQueue) -> int:
+    return sum(map(len, q._heaps.values()))
 
 
 def test_a_kick_with_every_key_blocked_stops_at_once_and_sends_the_same() -> None:
@@ -87,7 +86,7 @@ def test_a_kick_with_every_key_blocked_stops_at_once_and_sends_the_same() -> Non
     assert sent == ["r0", "r6"]
     assert router.calls == [("candidates", "r0"), ("route", "r0"), ("candidates", "r2"), ("candidates", "r6"),
                             ("route", "r6"), ("candidates", "r12")]
-    assert q.count == 198 and len(q._heap) == 198
+    assert q.count == 198 and _heaped(q) == 198
 
 
 def test_random_backlogs_send_what_the_former_kick_sent() -> None:
@@ -117,7 +116,7 @@ def test_random_backlogs_send_what_the_former_kick_sent() -> None:
             assert sent[before:] == want, trial
             mirror = [x for x in mirror if not x[2].is_dispatched and not x[2].removed]
             assert q.count == len(mirror)
-        assert len(q._heap) <= 2 * q.count + 1024 + 60  # swept: withdrawn entries do not pile up
+        assert _heaped(q) <= 2 * q.count + 1024 + 60  # swept: withdrawn entries do not pile up
 
 
 def test_sweeping_withdrawn_entries_keeps_the_order() -> None:
@@ -134,8 +133,27 @@ def test_sweeping_withdrawn_entries_keeps_the_order() -> None:
     gone = rng.sample(entries, k=2600)
     for e in gone:
         q.remove(e)
-    assert len(q._heap) < 3000  # swept at least once
+    assert _heaped(q) < 3000  # swept at least once
     left = sorted((e.priority, e.seq, e.facts.request_id) for e in entries if not e.removed)
     router.room["a"] = len(left)
     q.kick()
     assert sent == [r for *_, r in left]
+
+
+def test_an_entry_with_room_leaves_behind_any_number_of_blocked_ones() -> None:
+    """The former single heap set at most 64 blocked entries aside per kick: the 65th blocked entry ended the
+    kick, and an entry of a key with room behind it waited for a later kick."""
+    env = simpy.Environment()
+    sent: list[str] = []
+    router = _Router({"a": 0, "b": 0})
+    q = TokenQueue(env, policy=_Policy(), router=router, max_waiting_per_replica=1)
+    for i in range(100):
+        q.offer(_entry(i, "a", sent), item=0)
+    q.offer(_entry(100, "b", sent), item=0)
+    router.room["b"] = 1
+    router.calls.clear()
+    q.kick()
+    assert sent == ["r100"]
+    # one look at key a's best entry, none at the 99 behind it
+    assert router.calls == [("candidates", "r0"), ("candidates", "r100"), ("route", "r100")]
+    assert q.count == 100 and "b" not in {k[0] for k in q._heaps}  # an emptied key's heap is dropped

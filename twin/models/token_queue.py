@@ -48,7 +48,9 @@ class TokenQueue:
         self.policy = policy
         self.router = router
         self.max_waiting = max_waiting_per_replica
-        self._heap: list[tuple[int, int, QueueEntry]] = []
+        # one heap of (priority, seq, entry) per candidate-set key (``QueueEntry.key``): a kick takes the best
+        # entry over the keys it has not found blocked, so the entries of a blocked key are never walked
+        self._heaps: dict[tuple, list[tuple[int, int, QueueEntry]]] = {}
         # queued (accepted, neither removed nor dispatched) entries and tokens per priority class, kept as
         # entries come and go so a snapshot does not walk the heap
         self._by_pri: dict[int, list[int]] = {}
@@ -61,7 +63,8 @@ class TokenQueue:
         self._drain_t = 0.0
         self._halflife = ewma_halflife_s
         self._kicking = False
-        # queued entries per candidate-set key: a kick stops once every key still queued is blocked
+        # queued entries per candidate-set key (a key's heap may also hold withdrawn entries, dropped when they
+        # reach its top or when they outnumber its queued ones; a key with none queued has its heap dropped)
         self._live_keys: dict[tuple, int] = {}
 
     # ---- drain rate ------------------------------------------------------------------------------
@@ -98,8 +101,11 @@ class TokenQueue:
         entry.priority = decision.priority
         self._seq += 1
         entry.seq = self._seq
-        heapq.heappush(self._heap, (entry.priority, entry.seq, entry))
         key = entry.key = (entry.facts.model, entry.allowed_regions, entry.facts.needs_long_context, entry.pool)
+        heap = self._heaps.get(key)
+        if heap is None:
+            heap = self._heaps[key] = []
+        heapq.heappush(heap, (entry.priority, entry.seq, entry))
         live = self._live_keys
         live[key] = live.get(key, 0) + 1
         self._count_in(entry, 1)
@@ -114,13 +120,17 @@ class TokenQueue:
             return False
         entry.removed = True
         self._leave(entry)
-        heap = self._heap
-        if len(heap) > 2 * self.count + 1024 and not self._kicking:
-            # withdrawn entries leave the heap only when popped, and a kick that finds every key blocked stops
-            # at the top: rebuild without them once they outnumber the queued ones (pops keep their order,
-            # (priority, seq) being unique)
-            heap[:] = [item for item in heap if not item[2].removed]
-            heapq.heapify(heap)
+        if not self._kicking:  # (a kick holds its keys' heaps)
+            key = entry.key
+            n = self._live_keys.get(key, 0)
+            heap = self._heaps[key]
+            if not n:
+                del self._heaps[key]  # every entry left in it is withdrawn
+            elif len(heap) > 2 * n + 1024:
+                # withdrawn entries leave a heap only when they reach its top: rebuild it without them once they
+                # outnumber the queued ones (pops keep their order, (priority, seq) being unique)
+                heap[:] = [item for item in heap if not item[2].removed]
+                heapq.heapify(heap)
         return True
 
     def _leave(self, entry: QueueEntry) -> None:
@@ -144,53 +154,59 @@ class TokenQueue:
         c[1] += sign * entry.tokens
 
     def kick(self) -> None:
-        """Release entries, highest priority first, while their model has a replica with room."""
-        if self._kicking or not self._heap:  # nothing queued: the usual case when a generation ends
+        """Release entries, highest priority first, while their model has a replica with room.
+
+        Entries are looked at in (priority, seq) order across all keys; once a key finds no replica with room
+        it is *blocked* for the rest of the kick (room only shrinks while a kick sends) and its entries are
+        passed over, so a later entry of another key may still leave. The kick ends when every key still
+        queued is blocked or empty. (Until 2026-11-30 the queue was one heap: entries of blocked keys were
+        popped, set aside and pushed back, and a kick stopped after setting aside 64, so an entry with room
+        could wait behind 64 blocked ones for a later kick.)"""
+        if self._kicking or not self.count:  # nothing queued: the usual case when a generation ends
             return
         self._kicking = True
         try:
-            heap = self._heap
-            blocked: list[tuple[int, int, QueueEntry]] = []
-            blocked_models: set[tuple] = set()
-            live = self._live_keys
+            heaps, live = self._heaps, self._live_keys
+            blocked: set[tuple] = set()
             pop = heapq.heappop
-            while heap:
-                # the best entry is looked at in place and popped only once it leaves or is set aside: under a
-                # backlog most kicks find no room for it, and a pop and push back would walk the heap twice
-                # (the order entries leave in is the same: (priority, seq) is unique)
-                item = heap[0]
-                e = item[2]
-                if e.removed:
-                    pop(heap)
-                    continue
-                key = e.key  # same candidate set
-                if key in blocked_models:
-                    blocked.append(pop(heap))
-                    if len(blocked) >= 64:  # the rest waits for the next kick; order is kept by the heap
-                        break
-                    continue
-                cands = self.router.candidates_for(e.facts, e.allowed_regions, self.max_waiting, e.pool)
-                decision = self.router.route(e.facts, cands) if cands else None
+            router = self.router
+            while True:
+                best = None
+                bkey: tuple = ()
+                gone = None
+                for key, heap in heaps.items():
+                    if key in blocked:
+                        continue
+                    if key not in live:  # all it holds is withdrawn
+                        gone = [key] if gone is None else [*gone, key]
+                        continue
+                    top = heap[0]
+                    while top[2].removed:  # (a queued entry is still in it, so this stops)
+                        pop(heap)
+                        top = heap[0]
+                    if best is None or top < best:  # (priority, seq) is unique: entries are never compared
+                        best, bkey = top, key
+                if gone is not None:
+                    for key in gone:
+                        del heaps[key]
+                if best is None:
+                    break
+                e = best[2]
+                cands = router.candidates_for(e.facts, e.allowed_regions, self.max_waiting, e.pool)
+                decision = router.route(e.facts, cands) if cands else None
                 if decision is None or decision.replica_id is None:
-                    blocked_models.add(key)
-                    # every key still queued is blocked: nothing further can leave in this kick (room only
-                    # shrinks while it sends), so stop here, leaving this entry where it is
-                    if len(blocked_models) == len(live):
-                        break
-                    blocked.append(pop(heap))
+                    blocked.add(bkey)
                     continue
-                popped = pop(heap)
-                assert popped is item, "routing does not change the queue"
+                popped = pop(heaps[bkey])
+                assert popped is best, "routing does not change the queue"
                 self._leave(e)
                 self.in_flight_tokens += e.tokens
                 e.replica_id = decision.replica_id
-                self.router.sent(e.facts, decision.replica_id)
-                e.on_dispatch(e, self.router.by_id[decision.replica_id])  # type: ignore[operator]
+                router.sent(e.facts, decision.replica_id)
+                e.on_dispatch(e, router.by_id[decision.replica_id])  # type: ignore[operator]
                 e.on_dispatch = None  # called once; dropping it breaks a cycle (see Generations._submit)
                 e.is_dispatched = True
                 if e.dispatched is not None:
                     e.dispatched.succeed(decision.replica_id)
-            for item in blocked:
-                heapq.heappush(heap, item)
         finally:
             self._kicking = False
