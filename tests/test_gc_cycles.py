@@ -64,3 +64,33 @@ def test_a_finished_turn_is_freed_without_the_cyclic_collector(make):
     assert len(world.rec.ev_t) > 1000, "the run should be busy enough to show a per-turn leak"
     leaked = {k: v for k, v in counts.items() if k in PER_TURN}
     assert not leaked, f"per-turn objects left to the cyclic collector: {leaked}"
+
+
+def test_the_next_run_frees_the_world_of_the_one_before() -> None:
+    """A run leaves its world frozen (out of the collector's reach, and the collector is off during a run):
+    the next ``run_scenario`` in the process must free it before building its own, or a sweep or a benchmark
+    holds every earlier world at once."""
+    import weakref
+
+    from twin.runner import run_scenario
+
+    scenario = _base(10)
+    first = run_scenario(scenario)
+    assert first.ok
+    world = weakref.ref(first.world)
+    del first
+    gc.collect()  # (the collector skips frozen objects: the world is still there)
+    assert world() is not None
+    seen = []  # whether the earlier world was gone when the next run started building its own
+    real_init = FleetWorld.__init__
+
+    def init(self, *args, **kwargs):
+        seen.append(world() is None)
+        real_init(self, *args, **kwargs)
+
+    FleetWorld.__init__ = init
+    try:
+        assert run_scenario(scenario).ok
+    finally:
+        FleetWorld.__init__ = real_init
+    assert seen and seen[0], "the earlier world was still alive when the next run started building"
