@@ -94,3 +94,21 @@ def test_the_next_run_frees_the_world_of_the_one_before() -> None:
     finally:
         FleetWorld.__init__ = real_init
     assert seen and seen[0], "the earlier world was still alive when the next run started building"
+
+
+def test_a_benchmark_frees_the_earlier_world_before_its_clocks_start() -> None:
+    """``benchmarks.common.measure`` collects an earlier case's frozen world before it reads the clocks, so the
+    next case's CPU time does not include freeing the world of the case before it."""
+    import weakref
+
+    from benchmarks.common import measure
+    from twin.runner import run_scenario
+
+    first = run_scenario(_base(10))
+    assert first.ok
+    world = weakref.ref(first.world)
+    del first
+    gc.collect()
+    assert world() is not None  # frozen: out of the collector's reach
+    gone, _ = measure(lambda: world() is None)
+    assert gone, "the earlier world was still alive when the measured case started"

@@ -179,9 +179,7 @@ def run_scenario(scenario: Scenario, *, seed: int | None = None, replication: in
     """Run one scenario (a single replica or a fleet) and tabulate it. Failures land in the manifest."""
     seed = scenario.seed if seed is None else seed
     result = RunResult(scenario=scenario, seed=seed, replication=replication)
-    if gc.get_freeze_count():  # a finished world from an earlier run (_sim_collector): collectable again,
-        gc.unfreeze()  # and collected now, as the collector is off from here to the end of this run
-        gc.collect()
+    release_finished_worlds()  # the collector is off from here to the end of this run
     clear_chain_memo()  # a run's cost must not depend on what ran before it in this process
     t0 = time.perf_counter()
     try:
@@ -197,6 +195,15 @@ def run_scenario(scenario: Scenario, *, seed: int | None = None, replication: in
                                         exception="".join(traceback.format_exception_only(exc)).strip())
         result.manifest["traceback"] = traceback.format_exc()
     return result
+
+
+def release_finished_worlds() -> None:
+    """Make the worlds of earlier runs in this process collectable again and collect them now (``_sim_collector``
+    froze each one at its end). ``run_scenario`` does it first; a benchmark does it before it starts its clocks,
+    so that freeing one case's world is not counted as the next case's cost."""
+    if gc.get_freeze_count():
+        gc.unfreeze()
+        gc.collect()
 
 
 @contextmanager
