@@ -33,16 +33,12 @@ def measure(fn: Callable[[], Any]) -> tuple[Any, float]:
     return out, wall
 
 
-def last_cpu_s() -> float:
-    """CPU seconds of the latest ``measure``."""
-    return _last_cpu_s
-
-
 def emit(case: str, *, sim_requests: int, sim_s: float, events: int | None, wall_s: float,
-         extra: dict | None = None) -> dict:
+         extra: dict | None = None, show: bool = True) -> dict:
     """One JSON line per case. ``cpu_s`` is this process's CPU time for the case: on a machine shared with
     other work it is the steadier number (wall time includes waiting for a core). ``peak_rss_mb`` is the
-    process's peak so far, so in a multi-case run it is the largest case's up to that line."""
+    process's peak so far, so in a multi-case run it is the largest case's up to that line. ``show=False``
+    returns the row without printing it (a caller that picks one of several repeats prints it with ``show_row``)."""
     row = {
         "case": case,
         "sim_requests": sim_requests,
@@ -60,8 +56,14 @@ def emit(case: str, *, sim_requests: int, sim_s: float, events: int | None, wall
     }
     if extra:
         row.update(extra)
-    print(json.dumps(row), flush=True)
+    if show:
+        show_row(row)
     return row
+
+
+def show_row(row: dict) -> None:
+    """Print a case's row as its one JSON line."""
+    print(json.dumps(row), flush=True)
 
 
 def growth_vs_linear(rows: list[dict], *, size: str = "sim_requests") -> list[str]:
