@@ -12,7 +12,8 @@ than real time) and, across cases, linear growth in fleet size.
 
 With ``--repeats N`` the cases run in N rounds, alternated (every size once per round, so a change in the
 machine's load falls on all of them), and each case's JSON line is its run with the median CPU time, with
-every round's CPU seconds in ``cpu_s_repeats``; the growth against linear compares those medians.
+every round's CPU seconds in ``cpu_s_repeats`` and the first round's peak RSS; the growth against linear
+compares those medians.
 """
 
 from __future__ import annotations
@@ -67,9 +68,11 @@ def add_growth(row: dict, base: dict) -> None:
 
 
 def median_run(rows: list[dict]) -> dict:
-    """The repeat with the median CPU time (the lower middle one of an even count), with every repeat's."""
+    """The repeat with the median CPU time (the lower middle one of an even count), with every repeat's. Its
+    ``peak_rss_mb`` is the first round's: the process's peak so far, which in later rounds is the largest case's."""
     ranked = sorted(rows, key=lambda r: r["cpu_s"])
     pick = dict(ranked[(len(ranked) - 1) // 2])
+    pick["peak_rss_mb"] = rows[0]["peak_rss_mb"]
     pick["cpu_s_repeats"] = [round(r["cpu_s"], 3) for r in rows]
     pick["cpu_s_median"] = statistics.median(r["cpu_s"] for r in rows)
     return pick

@@ -37,9 +37,10 @@ def test_repeats_below_one_are_refused() -> None:
 
 
 def test_the_median_run_is_picked_whole() -> None:
-    rows = [{"cpu_s": c, "run": i} for i, c in enumerate((3.0, 1.0, 2.0))]
+    rows = [{"cpu_s": c, "run": i, "peak_rss_mb": 100.0 * (i + 1)} for i, c in enumerate((3.0, 1.0, 2.0))]
     pick = fleet.median_run(rows)
     assert pick["run"] == 2 and pick["cpu_s_repeats"] == [3.0, 1.0, 2.0] and pick["cpu_s_median"] == 2.0
-    even = fleet.median_run([{"cpu_s": c, "run": i} for i, c in enumerate((4.0, 1.0, 3.0, 2.0))])
+    assert pick["peak_rss_mb"] == 100.0  # the first round's: later ones report the largest case's peak
+    even = fleet.median_run([{"cpu_s": c, "run": i, "peak_rss_mb": 1.0} for i, c in enumerate((4.0, 1.0, 3.0, 2.0))])
     assert even["run"] == 3 and even["cpu_s_median"] == 2.5  # the lower middle run; the median between
     assert "cpu_s_repeats" not in rows[2]  # the rounds' rows are left as they were
