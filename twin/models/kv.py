@@ -42,6 +42,9 @@ if TYPE_CHECKING:
     from twin.models.request import EngineRequest
 
 
+_FIRST_CAP = 4096  # blocks the per-block arrays cover before a pool's first _grow
+
+
 class BlockPool(TailQueue, LazyIndex, PoolChecks):
     __slots__ = (
         "num_blocks", "block_size", "caching", "bhash", "head", "fresh", "cached", "dups",
@@ -56,7 +59,12 @@ class BlockPool(TailQueue, LazyIndex, PoolChecks):
         self.block_size = block_size
         self.caching = enable_prefix_caching
         self.max_model_len = max_model_len
-        self.bhash: list[int | None] = [None] * num_blocks
+        # The two per-block arrays (``bhash`` and ``st`` below) cover the blocks handed out so far, [0, fresh), and
+        # grow with ``fresh`` (``_grow``): the never-used blocks are read by nothing, so a pool costs memory for the
+        # blocks it has used. A fleet's pools are large (~87k blocks each for 70B FP8 on TP4) and a short run uses a
+        # fraction of them, where writing every pool's arrays at build faulted in ~0.75 GB per 540 replicas.
+        cap = min(num_blocks, _FIRST_CAP)
+        self.bhash: list[int | None] = [None] * cap
         # The free queue is head + [fresh, num_blocks) + tail: blocks never used yet sit in the middle in id
         # order (vLLM's initial order) without being materialised; freed unhashed blocks go to the head,
         # freed hashed blocks to the tail.
@@ -75,8 +83,8 @@ class BlockPool(TailQueue, LazyIndex, PoolChecks):
         # store at a scattered block id fewer per popped block); -1: free elsewhere (head, never
         # used); <= -2: held by -1 - st requests. (Positions only grow, and the front only passes a valid entry
         # by popping its block, so a consumed position never reads as free or as a valid entry again.)
-        self.st = array("q", [-1]) * num_blocks
-        self.stv = np.frombuffer(self.st, np.int64)  # a numpy view of ``st`` (never resized) for bulk stores
+        self.st = array("q", [-1]) * cap
+        self.stv = np.frombuffer(self.st, np.int64)  # a numpy view of ``st`` for bulk stores (made again by _grow)
         # The blocks with more than one holder (st <= -3): a release whose blocks are none of them is each block's
         # only holder (a set, not a count: checking a request's ~100 block ids against it is a hash lookup each,
         # where reading their states was an array read and an int object each, 6x the time in isolation)
@@ -191,12 +199,26 @@ class BlockPool(TailQueue, LazyIndex, PoolChecks):
             fresh = self.fresh
             k = min(n, self.num_blocks - fresh)
             if k:  # never used: no hash, ref 0
+                if fresh + k > len(st):
+                    self._grow(fresh + k)
                 st[fresh:fresh + k] = array("q", [-2]) * k
                 out.extend(range(fresh, fresh + k))
                 self.fresh = fresh + k
                 n -= k
         if n:  # the LRU end of the cached-free blocks: evict as we go
             self._pop_tail(n, out)
+
+    def _grow(self, need: int) -> None:
+        """Extend ``st`` and ``bhash`` in place (blocks never used: state -1, no hash) to cover at least ``need``
+        blocks, doubling (at most to ``num_blocks``) so a pool grows a few times in all. The numpy view is made
+        again: an array cannot be resized while a view of it is alive."""
+        st = self.st
+        old = len(st)
+        cap = min(self.num_blocks, max(need, 2 * old))
+        self.stv = None  # type: ignore[assignment]
+        st.extend(array("q", [-1]) * (cap - old))
+        self.bhash.extend([None] * (cap - old))
+        self.stv = np.frombuffer(st, np.int64)
 
     def _uncache(self, b: int, h: int) -> None:
         self.bhash[b] = None

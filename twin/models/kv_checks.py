@@ -24,8 +24,8 @@ class PoolChecks:
 
     def ref_count(self, b: int, plain: set[int] | None = None) -> int:
         """Requests holding block ``b`` (``plain``: ``_in_plain_runs()``, if the caller has it)."""
-        if b in (self._in_plain_runs() if plain is None else plain):
-            return 0
+        if b >= len(self.st) or b in (self._in_plain_runs() if plain is None else plain):
+            return 0  # (past the per-block arrays: never used)
         x = self.st[b]
         if x >= 0:
             return 1 if x < self.front else 0
@@ -43,13 +43,17 @@ class PoolChecks:
         runs_q = list(self.tail)
         assert all(a.end == b.pos for a, b in zip(runs_q, runs_q[1:])), "tail runs not contiguous"
         assert not runs_q or (runs_q[0].pos <= front < runs_q[0].end and runs_q[-1].end == self.tail_end)
-        for b in range(1, self.num_blocks):
+        assert len(self.st) == len(self.bhash) and self.fresh <= len(self.st) <= self.num_blocks, \
+            "the per-block arrays do not cover the blocks handed out"
+        assert all(x == -1 for x in self.st[self.fresh:]) and all(h is None for h in self.bhash[self.fresh:]), \
+            "a block never handed out has a state or a hash"
+        for b in range(1, self.fresh):  # (blocks from fresh on are never used: free, no state, no hash)
             ref = self.ref_count(b, plain)
             assert (ref == 0) == (b in free), f"block {b}: ref {ref} vs free queue"
             assert (self.st[b] >= front) == (b in tail and b not in plain), f"block {b}: state {self.st[b]} vs the tail"
         for h, b in self.cached.items():
             assert self.bhash[b] == h
-        assert self.shared == {b for b in range(1, self.num_blocks) if self.ref_count(b, plain) >= 2}, \
+        assert self.shared == {b for b in range(1, self.fresh) if self.ref_count(b, plain) >= 2}, \
             "the shared set is not the blocks with two or more holders"
         assert 0 not in free
         for key, r in self.pend.items():
