@@ -62,7 +62,7 @@ class BlockPool(TailQueue, LazyIndex, PoolChecks):
         # The two per-block arrays (``bhash`` and ``st`` below) cover the blocks handed out so far, [0, fresh), and
         # grow with ``fresh`` (``_grow``): the never-used blocks are read by nothing, so a pool costs memory for the
         # blocks it has used. A fleet's pools are large (~87k blocks each for 70B FP8 on TP4) and a short run uses a
-        # fraction of them, where writing every pool's arrays at build faulted in ~0.75 GB per 540 replicas.
+        # fraction of them, where writing every pool's arrays at build took ~0.7 GB per 540 replicas.
         cap = min(num_blocks, _FIRST_CAP)
         self.bhash: list[int | None] = [None] * cap
         # The free queue is head + [fresh, num_blocks) + tail: blocks never used yet sit in the middle in id
