@@ -13,7 +13,7 @@ than real time) and, across cases, linear growth in fleet size.
 With ``--repeats N`` the cases run in N rounds, alternated (every size once per round, so a change in the
 machine's load falls on all of them), and each case's JSON line is its run with the median CPU time, with
 every round's CPU seconds in ``cpu_s_repeats`` and the first round's peak RSS; the growth against linear
-compares those medians.
+compares those medians. The JSON lines are printed once every round has run (one round by default).
 """
 
 from __future__ import annotations
@@ -34,9 +34,8 @@ OVERRIDES = [
 ]
 
 
-def run_case(case: str, *, scale: float, sim_s: float, base: dict | None = None, show: bool = True) -> dict:
-    """One fleet run; ``base`` (the first case's row) adds this case's CPU-per-turn growth against it.
-    ``show=False``: the row is returned, not printed."""
+def run_case(case: str, *, scale: float, sim_s: float, show: bool = True) -> dict:
+    """One fleet run's row (``show=False``: returned, not printed)."""
     sc = load_scenario("scenarios/baseline-day.yaml", overrides=[
         *OVERRIDES, f"fleet.scale={scale}", f"fleet.traffic.duration_s={sim_s}", f"horizon_s={sim_s}"])
     res, wall = measure(lambda: run_scenario(sc))
@@ -54,12 +53,7 @@ def run_case(case: str, *, scale: float, sim_s: float, base: dict | None = None,
              # is the fleet keeping up? At the note's peak the 0.0625x and 0.25x fleets build a backlog in the
              # global queue and the full fleet does not (docs/performance.md, rounds 8 and 11)
              "queue_wait_p50_s": s["queue_s"]["p50"], "queued_at_end": w.queue.count}
-    row = emit(case, sim_requests=turns, sim_s=s["sim_time_s"], events=events, wall_s=wall, extra=extra, show=False)
-    if base is not None:
-        add_growth(row, base)
-    if show:
-        show_row(row)
-    return row
+    return emit(case, sim_requests=turns, sim_s=s["sim_time_s"], events=events, wall_s=wall, extra=extra, show=show)
 
 
 def add_growth(row: dict, base: dict) -> None:
@@ -88,24 +82,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.repeats < 1:
         ap.error("--repeats must be at least 1")
     multiples = [float(x) for x in args.multiples.split(",")]
-    if args.repeats == 1:
-        rows: list[dict] = []
+    runs: dict[float, list[dict]] = {m: [] for m in multiples}
+    for rep in range(args.repeats):
         for m in multiples:
             scale = args.scale * m
-            log(f"fleet at scale {scale:g} for {args.sim_s:g} simulated s ...")
-            rows.append(run_case(f"fleet_peak_x{m:g}", scale=scale, sim_s=args.sim_s, base=rows[0] if rows else None))
-    else:
-        runs: dict[float, list[dict]] = {m: [] for m in multiples}
-        for rep in range(args.repeats):
-            for m in multiples:
-                scale = args.scale * m
-                log(f"round {rep + 1} of {args.repeats}: fleet at scale {scale:g} for {args.sim_s:g} simulated s ...")
-                runs[m].append(run_case(f"fleet_peak_x{m:g}", scale=scale, sim_s=args.sim_s, show=False))
-        rows = [median_run(runs[m]) for m in multiples]
-        for r in rows[1:]:
-            add_growth(r, rows[0])
-        for r in rows:
-            show_row(r)
+            log(f"round {rep + 1} of {args.repeats}: fleet at scale {scale:g} for {args.sim_s:g} simulated s ...")
+            runs[m].append(run_case(f"fleet_peak_x{m:g}", scale=scale, sim_s=args.sim_s, show=False))
+    rows = [median_run(runs[m]) for m in multiples]  # (one round: each case's only run)
+    for r in rows[1:]:
+        add_growth(r, rows[0])
+    for r in rows:
+        show_row(r)
     print(table(rows, ["case", "replicas", "sim_requests", "sim_s_per_wall_s", "sim_requests_per_wall_s",
                        "events_per_wall_s", "wall_s", "cpu_s", "cpu_ms_per_sim_request", "tabulate_cpu_s",
                        "peak_rss_mb", "queued_at_end"]))

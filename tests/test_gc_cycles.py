@@ -66,21 +66,29 @@ def test_a_finished_turn_is_freed_without_the_cyclic_collector(make):
     assert not leaked, f"per-turn objects left to the cyclic collector: {leaked}"
 
 
-def test_the_next_run_frees_the_world_of_the_one_before() -> None:
-    """A run leaves its world frozen (out of the collector's reach, and the collector is off during a run):
-    the next ``run_scenario`` in the process must free it before building its own, or a sweep or a benchmark
-    holds every earlier world at once."""
+def _frozen_world(scenario):
+    """Run ``scenario`` and drop the result: a weak reference to its world, which the run left frozen."""
     import weakref
 
     from twin.runner import run_scenario
 
-    scenario = _base(10)
     first = run_scenario(scenario)
     assert first.ok
     world = weakref.ref(first.world)
     del first
     gc.collect()  # (the collector skips frozen objects: the world is still there)
     assert world() is not None
+    return world
+
+
+def test_the_next_run_frees_the_world_of_the_one_before() -> None:
+    """A run leaves its world frozen (out of the collector's reach, and the collector is off during a run):
+    the next ``run_scenario`` in the process must free it before building its own, or a sweep or a benchmark
+    holds every earlier world at once."""
+    from twin.runner import run_scenario
+
+    scenario = _base(10)
+    world = _frozen_world(scenario)
     seen = []  # whether the earlier world was gone when the next run started building its own
     real_init = FleetWorld.__init__
 
@@ -99,16 +107,8 @@ def test_the_next_run_frees_the_world_of_the_one_before() -> None:
 def test_a_benchmark_frees_the_earlier_world_before_its_clocks_start() -> None:
     """``benchmarks.common.measure`` collects an earlier case's frozen world before it reads the clocks, so the
     next case's CPU time does not include freeing the world of the case before it."""
-    import weakref
-
     from benchmarks.common import measure
-    from twin.runner import run_scenario
 
-    first = run_scenario(_base(10))
-    assert first.ok
-    world = weakref.ref(first.world)
-    del first
-    gc.collect()
-    assert world() is not None  # frozen: out of the collector's reach
+    world = _frozen_world(_base(10))
     gone, _ = measure(lambda: world() is None)
     assert gone, "the earlier world was still alive when the measured case started"
