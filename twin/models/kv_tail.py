@@ -24,6 +24,7 @@ samples; the runs and per-entry lazy bookkeeping took ~14% of its instructions o
 from __future__ import annotations
 
 from collections import deque
+from itertools import islice, takewhile
 from operator import itemgetter
 from typing import TYPE_CHECKING
 
@@ -133,20 +134,31 @@ class TailQueue:
         nb = len(blocks)
         ncb = req.num_cached_blocks
         shared = self.shared
-        if nb > 8 and ncb >= nb - 1 and (not shared or shared.isdisjoint(blocks)):
-            # The usual case: the request is each of its blocks' only holder (none of them has a second holder)
-            # and only its last block may be unregistered
-            # (``num_cached_blocks`` counts the registered ones, by hash or lazily). The loop below would put that
-            # block at the head and append the others to the tail in reverse order: the same, as a list reversal.
+        # The blocks with other holders too, when they lead the request's blocks: prefix hits on blocks that
+        # running requests hold (a tenant's system prompt), which come first in ``blocks``. (In the fleet
+        # benchmark at 0.0625x they lead in every release that has any: ~50 of ~131 blocks.)
+        m = len(list(takewhile(shared.__contains__, blocks))) if shared else 0
+        if nb - m > 8 and ncb >= nb - 1 and (not shared or shared.isdisjoint(islice(blocks, m, None))):
+            # The usual case: the request is the only holder of each of its blocks past those ``m``, and only
+            # its last block may be unregistered (``num_cached_blocks`` counts the registered ones, by hash or
+            # lazily). The loop below would lose one holder of each of the ``m`` (none of them its last), put the
+            # last block at the head and append the others to the tail in reverse order: the same, with the
+            # others as a list reversal.
+            for i in range(m):
+                b = blocks[i]
+                x = st[b]
+                st[b] = x + 1
+                if x == -3:
+                    shared.remove(b)
             rev = blocks[::-1]
             if ncb < nb:
                 last = rev[0]
                 st[last] = -1
                 head[last] = None
                 head.move_to_end(last, last=False)
-                self._append(req, rev, 1, nb, True)
+                self._append(req, rev, 1, nb - m, True)
             else:
-                self._append(req, rev, 0, nb, True)
+                self._append(req, rev, 0, nb - m, True)
         else:
             tail = []
             for i in range(nb - 1, -1, -1):
