@@ -103,6 +103,7 @@ class Clients:
                         message_tokens=r.prompt_tokens, output_tokens=r.output_tokens)
             yield from self.turn(turn)
             self.w.conversation.end_session(spec.session_id)
+            self.gen.end_session(spec.session_id)
             self.w.session_ended()
             return
         for k in range(spec.turns):
@@ -122,6 +123,7 @@ class Clients:
                 # stream position, without exponential's per-call argument checks
                 yield self.think.wait(tr.think_time_s * self.rng.standard_exponential())
         self.w.conversation.end_session(spec.session_id)
+        self.gen.end_session(spec.session_id)
         self.w.session_ended()
 
     def turn(self, turn: Turn):

@@ -42,6 +42,13 @@ class Generations:
         self._placed: dict[tuple[str, tuple[str, ...] | None], bool] = {}
         self._placed_n = -1
         self.timers = CallOffTimers(self.env)
+        # per live session, its latest generation's token sequence: the next prompt (a retry, the turn after a tool
+        # call, the next turn) begins with its prompt, whose block hashes it then takes over (TokenSeq's parent)
+        self._chains: dict[str, TokenSeq] = {}
+
+    def end_session(self, session_id: str) -> None:
+        """The session has ended: no later prompt of it will take over its hashes."""
+        self._chains.pop(session_id, None)
 
     def _is_placed(self, name: str, allowed) -> bool:
         placements = self.w.placements
@@ -113,7 +120,9 @@ class Generations:
         block_size = self.cfg.models[model].engine.block_size
         gen_id = f"{turn.turn_id}/{gen}"
         tenant = spec.tenant
-        seq = TokenSeq(pieces, block_size=block_size, output_segment=output_segment, output_offset=output_offset)
+        chains = self._chains
+        seq = chains[spec.session_id] = TokenSeq(pieces, block_size=block_size, output_segment=output_segment,
+                                                 output_offset=output_offset, parent=chains.get(spec.session_id))
         n_hash = prompt_tokens // block_size
         facts = RequestFacts(request_id=gen_id, tenant=tenant.name, tier=tenant.tier,
                              session_id=spec.session_id, prompt_tokens=prompt_tokens,

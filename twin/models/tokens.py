@@ -49,9 +49,12 @@ class TokenSeq:
                  "_pi", "_pstart")
 
     def __init__(self, pieces: Iterable[tuple[str, object]], *, block_size: int, output_segment: int,
-                 output_offset: int = 0) -> None:
+                 output_offset: int = 0, parent: TokenSeq | None = None) -> None:
         """``output_offset``: the output continues segment ``output_segment`` from this token (a resumed
-        answer whose first tokens are already in the prompt)."""
+        answer whose first tokens are already in the prompt). ``parent``: an earlier sequence (the session's
+        previous prompt, say); when its prompt's pieces begin this one's, the hashes it has of blocks inside
+        its prompt are this one's too (each is a function of the pieces up to the block's end) and are taken
+        over instead of computed again."""
         self.block_size = block_size
         self._pieces: list[tuple[int, object, int]] = []  # (kind 0=ids 1=seg, payload, length)
         self._length = 0
@@ -75,6 +78,12 @@ class TokenSeq:
         self._hashes: list[int] = []
         self._pi = 0  # cursor of _extend: index and first token of the piece holding the next block's start
         self._pstart = 0
+        if parent is not None and parent.block_size == block_size and parent._hashes:
+            own, theirs = self._pieces, parent._pieces
+            if len(theirs) <= len(own) and own[:len(theirs)] == theirs:
+                # (the cursor at 0 may trail the next block: _extend_from walks it forward). Its output's blocks
+                # are not taken over: the engine registers them without hashes (kv_lazy), so it rarely has any.
+                self._hashes = parent._hashes[:parent._length // block_size]
 
     @property
     def prompt_tokens(self) -> int:
