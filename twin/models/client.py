@@ -102,9 +102,7 @@ class Clients:
             turn = Turn(turn_id=f"{spec.session_id}-t0", session=spec, index=0, klass="chat", arrival_s=env.now,
                         message_tokens=r.prompt_tokens, output_tokens=r.output_tokens)
             yield from self.turn(turn)
-            self.w.conversation.end_session(spec.session_id)
-            self.gen.end_session(spec.session_id)
-            self.w.session_ended()
+            self._session_over(spec)
             return
         for k in range(spec.turns):
             klass = spec.klass if k == 0 or spec.klass in ("tool", "retrieval", "background") else "followup"
@@ -122,6 +120,10 @@ class Clients:
                 # rng.exponential(scale) is scale * one standard exponential draw in numpy: the same float and
                 # stream position, without exponential's per-call argument checks
                 yield self.think.wait(tr.think_time_s * self.rng.standard_exponential())
+        self._session_over(spec)
+
+    def _session_over(self, spec: SessionSpec) -> None:
+        """The session sends nothing more: its history and hash chain can go, and the world hears of its end."""
         self.w.conversation.end_session(spec.session_id)
         self.gen.end_session(spec.session_id)
         self.w.session_ended()
