@@ -255,8 +255,9 @@ class Generations:
         spec = turn.session
         allowed = tuple(spec.tenant.residency) if spec.tenant.residency else None
         mcfg = self.cfg.models[model]
+        # the same prompt the prefill generation hashed: its hashes taken over, not computed again
         seq = TokenSeq(pieces, block_size=mcfg.engine.block_size, output_segment=output_segment,
-                       output_offset=output_offset)
+                       output_offset=output_offset, parent=self._chains.get(spec.session_id))
         seq.append_output(1)
         facts = RequestFacts(request_id=f"{turn.turn_id}/{gen}d", tenant=spec.tenant.name, tier=spec.tenant.tier,
                              session_id=spec.session_id, prompt_tokens=prompt_tokens,
