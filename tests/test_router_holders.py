@@ -5,8 +5,8 @@ second seed (the first candidate in bound order holding a widely held block) and
 queue and kv terms. Its shortcuts pay in a fleet-like shape that the general epoch test reaches only now and
 then: many replicas, most of them tied (idle: shortest queue, empty KV), long shared system prompts held by
 many replicas, sessions whose history sits on one or a few. This test drives that shape, with the threshold of
-"widely held" (``FEW_HOLDERS``) drawn too so that every branch runs, and requires the decision of a router
-given ``CandidateList``s to equal the full scan's (every candidate scored) each time.
+"widely held" (``FEW_HOLDERS``) and the index's holder marks drawn too so that every branch runs, and requires
+the decision of a router given ``CandidateList``s to equal the full scan's (every candidate scored) each time.
 """
 
 from __future__ import annotations
@@ -34,14 +34,17 @@ def snapshot(i: int, rng: SplitMix64, now: float) -> ReplicaSnapshot:
 @settings(max_examples=80, deadline=None)
 @given(seed=st.integers(0, 2**32), size=st.integers(9, 60), few=st.sampled_from([0, 1, 3, 8]),
        weights=st.sampled_from([(3.0, 2.0, 2.0), (1.0, 2.0, 2.0), (3.0, 1.0, 0.0), (0.5, 1.0, 1.0)]),
-       capacity=st.sampled_from([12, 1000]), ttl=st.sampled_from([None, 1.0]))
+       capacity=st.sampled_from([12, 1000]), ttl=st.sampled_from([None, 1.0]), stride=st.sampled_from([1, 2, 8]),
+       dense=st.sampled_from([0, 3, 64]))
 def test_the_kept_filter_decides_as_the_full_scan(seed: int, size: int, few: int, weights: tuple[float, float, float],
-                                                  capacity: int, ttl: float | None) -> None:
+                                                  capacity: int, ttl: float | None, stride: int, dense: int) -> None:
     pw, qw, kw = weights
     scorer = {"kind": "llm_d_scorer", "prefix_weight": pw, "queue_weight": qw, "kv_usage_weight": kw,
               "index_capacity_blocks": capacity, "index_ttl_s": ttl}
     listed, full = build_router(scorer, seed=1), build_router(scorer, seed=1)
     listed.omit_scores()
+    # holders kept for the blocks below dense and every stride-th block: a superset for the others
+    listed.index.holder_stride, listed.index.holder_dense = stride, dense
     rng = SplitMix64(seed)
     systems = [[rng.randrange(10**6) for _ in range(4 + rng.randrange(9))] for _ in range(3)]
     sessions: list[list[int]] = []

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
-from itertools import filterfalse, takewhile
+from itertools import chain, filterfalse, takewhile
 
 
 class ApproxPrefixIndex:
@@ -18,20 +18,42 @@ class ApproxPrefixIndex:
 
     A match is the number of *leading* prompt blocks found in a replica's LRU, found block by block.
 
-    Beside the LRUs it keeps the inverse: per block hash, the replicas whose LRU holds it (``holders``),
-    so a router can find the few replicas that hold a prompt's block k without asking every candidate's
-    LRU. A block held by one replica (most are: a session's history) is stored as that replica_id, not as
-    a set of one, which keeps the index's memory and upkeep small.
+    Beside the LRUs it keeps an inverse for the scorer: which replicas may hold block k of a prompt
+    (``holders_at``), so a router can find the few replicas that may hold it without asking every
+    candidate's LRU. It is kept only for the *marked* blocks: every block below position ``holder_dense``
+    and every ``holder_stride``-th one after it. Block hashes form a chain (block i's hash determines
+    blocks 0..i, as vLLM's and llm-d's do), and a replica's LRU that holds block k also holds every block
+    before it (each record that held k held them, and recorded them after k, so they leave the LRU after
+    it): the holders of the marked block at or before k are a superset of block k's, and the scorer tests
+    each of them with one lookup in its LRU. Keeping the inverse for every block cost more than the rest of
+    the index together (a global map of every LRU's blocks: one cache miss per block recorded or evicted,
+    ~48 of them per record at the fleet's peak). The first blocks are all marked because that is where a
+    superset would cost the scorer most: a session's first turn is a shared system prompt and a few new
+    blocks, and the scorer asks who holds the first new one; with only every 8th block marked, the answer
+    would be every replica holding the system prompt (~12 candidates more to test a decision, against
+    ~0.2). The default 64 blocks (1,024 tokens at 16 a block) covers the bundled scenarios' system
+    prompts (800 tokens); a longer shared prefix costs the scorer lookups, never a different decision.
+    A block held by one replica (most are: a session's history) is stored as that replica_id, not as a
+    set of one.
     """
 
-    def __init__(self, *, capacity_blocks: int, ttl_s: float | None) -> None:
+    def __init__(self, *, capacity_blocks: int, ttl_s: float | None, holder_stride: int = 8,
+                 holder_dense: int = 64) -> None:
         if capacity_blocks < 1:
             raise ValueError("capacity_blocks must be >= 1")
+        if holder_stride < 1 or holder_dense < 0:
+            raise ValueError("holder_stride must be >= 1 and holder_dense >= 0")
         self.capacity_blocks = capacity_blocks
         self.ttl_s = ttl_s
+        self.holder_stride = holder_stride
+        self.holder_dense = holder_dense
         self._lru: dict[str, OrderedDict[int, float]] = {}
-        # block hash -> the replica_id holding it, or a set of two or more; exactly the LRUs' contents
-        # (expired entries included until they are removed), kept by _hold and _unhold
+        # per replica, the marked blocks in its LRU: those a record put at a marked position (below
+        # holder_dense, or a multiple of holder_stride) since they last entered it (expired entries included
+        # until they are removed)
+        self._marked: dict[str, set[int]] = {}
+        # marked block hash -> the replica_id whose ``_marked`` holds it, or a set of two or more; exactly
+        # the ``_marked`` sets' contents, kept by _hold and _unhold
         self._holders: dict[int, str | set[str]] = {}
 
     def record(self, replica_id: str, block_hashes: Sequence[int], now_s: float) -> None:
@@ -43,19 +65,26 @@ class ApproxPrefixIndex:
         lru = self._lru.get(replica_id)
         if lru is None:
             lru = self._lru[replica_id] = OrderedDict()
-        # the blocks new to this LRU, found in C before the loop below adds them (most of a turn's prompt
-        # is already there: its session's history and system prompt)
-        new = list(filterfalse(lru.__contains__, block_hashes))
+            self._marked[replica_id] = set()
         move = lru.move_to_end
         for h in reversed(block_hashes):
             lru[h] = now_s
             move(h)
+        marked = self._marked[replica_id]
+        st, d = self.holder_stride, self.holder_dense
+        new = list(filterfalse(marked.__contains__, chain(block_hashes[:d], block_hashes[d + (-d % st)::st])))
         if new:
+            marked.update(new)
             self._hold(new, replica_id)
-        if len(lru) > self.capacity_blocks:
-            unhold, pop = self._unhold, lru.popitem
-            while len(lru) > self.capacity_blocks:
-                unhold(pop(last=False)[0], replica_id)
+        over = len(lru) - self.capacity_blocks
+        if over > 0:
+            pop = lru.popitem
+            gone = list(filter(marked.__contains__, [pop(False)[0] for _ in range(over)]))
+            if gone:
+                marked.difference_update(gone)
+                unhold = self._unhold
+                for h in gone:
+                    unhold(h, replica_id)
         self._expire(replica_id, lru, now_s)
 
     def match_blocks(self, replica_id: str, block_hashes: Sequence[int], now_s: float) -> int:
@@ -89,24 +118,29 @@ class ApproxPrefixIndex:
         lru = self._lru.get(replica_id)
         return lru is not None and block_hash in lru
 
-    def holders(self, block_hash: int) -> Collection[str]:
-        """The replicas whose LRU holds ``block_hash`` (entries past their TTL included until a match,
-        record or capacity eviction there removes them, as ``holds`` answers), in no particular order."""
-        v = self._holders.get(block_hash)
+    def holders_at(self, block_hashes: Sequence[int], k: int) -> Collection[str]:
+        """Every replica whose LRU may hold block ``k`` of the chain ``block_hashes`` (entries past their TTL
+        included until a match, record or capacity eviction there removes them, as ``holds`` answers), and
+        maybe others, in no particular order: exactly the replicas whose LRU holds the marked block at or
+        before k (see the class docstring), so exactly block k's holders when k is marked (below
+        ``holder_dense``, or a multiple of ``holder_stride``)."""
+        v = self._holders.get(block_hashes[k if k < self.holder_dense else k - k % self.holder_stride])
         return () if v is None else (v,) if type(v) is str else v
 
     def forget(self, replica_id: str) -> None:
-        lru = self._lru.pop(replica_id, None)
-        if lru:
+        self._lru.pop(replica_id, None)
+        marked = self._marked.pop(replica_id, None)
+        if marked:
             unhold = self._unhold
-            for h in lru:
+            for h in marked:
                 unhold(h, replica_id)
 
     def size(self, replica_id: str) -> int:
         return len(self._lru.get(replica_id, ()))
 
     def _hold(self, hashes: list[int], replica_id: str) -> None:
-        """``replica_id``'s LRU has just taken in ``hashes`` (none of them there before; repeats possible)."""
+        """``replica_id``'s marked blocks have just taken in ``hashes`` (none of them there before; repeats
+        possible)."""
         holders = self._holders
         for h in hashes:
             v = holders.get(h)
@@ -119,7 +153,7 @@ class ApproxPrefixIndex:
                 v.add(replica_id)
 
     def _unhold(self, block_hash: int, replica_id: str) -> None:
-        """``block_hash`` has just left ``replica_id``'s LRU."""
+        """``block_hash`` has just left ``replica_id``'s marked blocks."""
         holders = self._holders
         v = holders[block_hash]
         if type(v) is str:
@@ -137,4 +171,7 @@ class ApproxPrefixIndex:
             if now_s - t <= self.ttl_s:
                 break
             del lru[h]
-            self._unhold(h, replica_id)
+            marked = self._marked[replica_id]
+            if h in marked:
+                marked.discard(h)
+                self._unhold(h, replica_id)

@@ -176,18 +176,20 @@ def runs(t: ScorerTerms) -> list[list[int]]:
     return t.runs
 
 
-def _first_holder(t: ScorerTerms, held: Collection[str], first: int) -> int:
+def _first_holder(t: ScorerTerms, held: Collection[str], first: int, *,
+                  holds: Callable[[str], bool] | None = None) -> int:
     """The position of the first candidate in bound order, ``first`` aside, whose index holds the block
-    ``held`` lists the holders of (-1: none). Whole runs (``runs``) that hold none of it are passed over by
-    one set test each, in C over the smaller of the two: the holders of a widely held block are mostly
-    busy, so they lie below the long run of idle replicas at the top, which a scan of the bound order
-    walked member by member (~2.6% of the run at 1,080 replicas)."""
+    ``held`` lists the holders of (-1: none); ``held`` may list more (``ApproxPrefixIndex.holders_at``), and
+    ``holds`` (replica_id -> bool), when given, is the exact test for those it lists. Whole runs (``runs``)
+    that hold none of it are passed over by one set test each, in C over the smaller of the two: the holders
+    of a widely held block are mostly busy, so they lie below the long run of idle replicas at the top,
+    which a scan of the bound order walked member by member (~2.6% of the run at 1,080 replicas)."""
     ids = t.ids
     for run, members in zip(runs(t), t.run_sets):
         if members.isdisjoint(held):
             continue
         for j in run:
-            if j != first and ids[j] in held:
+            if j != first and ids[j] in held and (holds is None or holds(ids[j])):
                 return j
     return -1
 
@@ -201,7 +203,9 @@ def kept_live(t: ScorerTerms, index: ApproxPrefixIndex, hashes: Sequence[int], m
     With the match stopped before block k a candidate totals at most ``t(k) = at_k + queue + kv`` (``at_k =
     pw * (k / n)``); so it may win only if ``t(k)`` beats the best (is larger, or equal with a smaller
     replica_id) or its index holds block k. Any k gives an exact filter; k only moves work between the two
-    tests. The holders of block k come from the index's block -> holders map (no lookup per candidate).
+    tests. The holders of block k come from the index's holders map (no lookup per candidate): it lists a
+    superset (``ApproxPrefixIndex.holders_at``), so each candidate it lists is tested with one lookup in its
+    LRU, and the filter's sets are exactly those of block k's holders.
     The ``t(k)`` test runs over ``runs(t)`` in descending bound order, one test per run, and stops where
     no later run can pass it: ``t`` and the bound are the same two additions from ``at_k <= pw``, so in
     exact arithmetic ``t == bound - (pw - at_k)``, and in floats the few roundings (each at most 2**-53 of
@@ -216,15 +220,17 @@ def kept_live(t: ScorerTerms, index: ApproxPrefixIndex, hashes: Sequence[int], m
     bound order, and for the best's own run only below its replica_id.
     """
     ids, queue, kv, bounds, n = t.ids, t.queue, t.kv, t.bounds, len(hashes)
+    lrus = index._lru  # ApproxPrefixIndex.holds inlined: the exact test for the replicas holders_at lists
     best_id, m_best = ids[first], m_first
     best_total = pw * (m_first / n) + queue[first] + kv[first]
     second = -1
     k = min(max(math.ceil((best_total - (t.max_bound - pw)) / pw * n) - 1, 0), n - 1)
-    held = index.holders(hashes[k])
+    held = index.holders_at(hashes, k)
     pos, rank = t.pos, t.rank
     k1, lacking = k, -1  # every candidate but ``first`` ranked below ``lacking`` in t.order lacks block k1
     if len(held) > FEW_HOLDERS:
-        j = _first_holder(t, held, first)
+        h = hashes[k]
+        j = _first_holder(t, held, first, holds=lambda rid: h in lrus[rid])
         lacking = math.inf if j < 0 else rank[j]
         if j >= 0 and bounds[j] >= best_total:
             second = j
@@ -234,10 +240,10 @@ def kept_live(t: ScorerTerms, index: ApproxPrefixIndex, hashes: Sequence[int], m
             if total > best_total or (total == best_total and ids[second] < best_id):
                 best_total, best_id, m_best = total, ids[second], m
             k = min(max(math.ceil((best_total - (t.max_bound - pw)) / pw * n) - 1, 0), n - 1)
-            held = index.holders(hashes[k])
+            held = index.holders_at(hashes, k)
         if len(held) > FEW_HOLDERS:
             k_own = min(m_best, n - 1)
-            held_own = index.holders(hashes[k_own])
+            held_own = index.holders_at(hashes, k_own)
             if len(held_own) < len(held):
                 k, held = k_own, held_own
     # the holders of block k that may still win: those whose bound reaches the best total, which are a
@@ -245,10 +251,12 @@ def kept_live(t: ScorerTerms, index: ApproxPrefixIndex, hashes: Sequence[int], m
     # over a large fleet has many holders outside this list)
     order = t.order
     top = bisect_right(order, -best_total, key=lambda i: -bounds[i])  # type: ignore[arg-type]
+    h = hashes[k]
     if top < len(held):
-        live = {i for i in islice(order, top) if ids[i] in held}  # type: ignore[arg-type]
+        live = {i for i in islice(order, top) if ids[i] in held and h in lrus[ids[i]]}  # type: ignore[arg-type]
     else:
-        live = {i for i in map(pos.get, held) if i is not None and bounds[i] >= best_total}  # type: ignore[union-attr]
+        live = {i for i in map(pos.get, held)  # type: ignore[union-attr]
+                if i is not None and bounds[i] >= best_total and h in lrus[ids[i]]}
     at_k, at_k1 = pw * (k / n), pw * (k1 / n)
     drop, floor = pw - at_k, best_total - t.margin
     for run in runs(t):
