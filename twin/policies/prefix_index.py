@@ -79,12 +79,7 @@ class ApproxPrefixIndex:
         over = len(lru) - self.capacity_blocks
         if over > 0:
             pop = lru.popitem
-            gone = list(filter(marked.__contains__, [pop(False)[0] for _ in range(over)]))
-            if gone:
-                marked.difference_update(gone)
-                unhold = self._unhold
-                for h in gone:
-                    unhold(h, replica_id)
+            self._left(replica_id, [pop(False)[0] for _ in range(over)])
         self._expire(replica_id, lru, now_s)
 
     def match_blocks(self, replica_id: str, block_hashes: Sequence[int], now_s: float) -> int:
@@ -166,12 +161,22 @@ class ApproxPrefixIndex:
     def _expire(self, replica_id: str, lru: OrderedDict[int, float], now_s: float) -> None:
         if self.ttl_s is None:
             return
+        gone = []
         while lru:
             h, t = next(iter(lru.items()))
             if now_s - t <= self.ttl_s:
                 break
             del lru[h]
-            marked = self._marked[replica_id]
-            if h in marked:
-                marked.discard(h)
-                self._unhold(h, replica_id)
+            gone.append(h)
+        if gone:
+            self._left(replica_id, gone)
+
+    def _left(self, replica_id: str, hashes: list[int]) -> None:
+        """``hashes`` (distinct) have just left ``replica_id``'s LRU: the marked ones leave the holder map."""
+        marked = self._marked[replica_id]
+        gone = list(filter(marked.__contains__, hashes))
+        if gone:
+            marked.difference_update(gone)
+            unhold = self._unhold
+            for h in gone:
+                unhold(h, replica_id)
