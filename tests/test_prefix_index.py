@@ -2,8 +2,9 @@
 
 These tests drive ``ApproxPrefixIndex`` and a plain reference LRU with the same random records, matches,
 expiries and forgets and compare every answer, size and LRU order, and after every step the index's
-marked block -> holders map against a scan of the reference's marked blocks for every block seen so far,
-and (chained hashes) ``holders_at`` against the replicas whose LRU holds each block of each prompt seen.
+marked block -> holders map against a scan of the reference's marked blocks for every block seen so far
+(and its stamps: no replica joined a list whose stamp stayed), and (chained hashes) ``holders_at`` against
+the replicas whose LRU holds each block of each prompt seen.
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ def drive(ops, *, capacity: int, ttl: float | None, hashes, stride: int, dense: 
     now = 0.0
     seen: set[int] = set()
     prompts: set[tuple[int, ...]] = set()
+    stamped: dict[int, tuple[int, set[str]]] = {}  # stamp -> its block and the holders it last listed
     for kind, rid, tokens, dt in ops:
         now += dt
         bh = hashes(tokens)
@@ -109,6 +111,13 @@ def drive(ops, *, capacity: int, ttl: float | None, hashes, stride: int, dense: 
             assert sorted(fast.holders_at((h,), 0)) == held_by
             assert len(fast.holders_at((h,), 0)) == len(held_by)  # no replica twice
         assert set(fast._holders) <= seen and all(fast.holders_at((h,), 0) for h in fast._holders)  # none stale
+        for h in seen:  # a stamp: 0 under two holders; one block's; the same only while no replica joins
+            now_held, stamp = set(fast.holders_at((h,), 0)), fast.holders_stamp((h,), 0)
+            assert (stamp == 0) == (len(now_held) < 2)
+            if stamp:
+                block, was = stamped.get(stamp, (h, now_held))
+                assert block == h and now_held <= was
+                stamped[stamp] = (h, now_held)
         if hashes is chained:
             # on a chain, block k's holders are among holders_at(k): the holders of the marked block at or before it
             for bh in prompts:

@@ -89,23 +89,30 @@ def test_the_kept_filter_decides_as_the_full_scan(seed: int, size: int, few: int
 @settings(max_examples=150, deadline=None)
 @given(seed=st.integers(0, 2**32), size=st.integers(1, 80))
 def test_kept_order_and_ranks_follow_drops(seed: int, size: int) -> None:
-    """As candidates are dropped, the kept bound order, the ranks ``drop`` bisects by and the runs' id sets
-    stay as a fresh derivation gives them, and ``_first_holder`` finds the first holder in that order."""
+    """As candidates are dropped, the kept bound order and the ranks ``drop`` bisects by stay as a fresh
+    derivation gives them, and ``_first_holder`` finds the first holder in that order: with a holder list
+    kept under one stamp while candidates are dropped and holders leave it, and with a fresh list each time."""
     rng = SplitMix64(seed)
     listed = [snapshot(i, rng, 0.0) for i in range(size)]
     terms = scorer_terms.ScorerTerms(3.0, 2.0, 2.0, listed, listed=True)
+    ids = [r.replica_id for r in listed]
+    # holders: some listed replicas and some that are not candidates at all; kept under one stamp while
+    # they only leave (``left``), as ApproxPrefixIndex.holders_stamp promises
+    kept = {rid for rid in ids if rng.random() < 0.3} | {f"x{j}" for j in range(rng.randrange(5))}
+    left: set[str] = set()
     while True:
         fresh = scorer_terms.ScorerTerms(3.0, 2.0, 2.0, listed, listed=True)
         assert [terms.ids[i] for i in terms.order] == [fresh.ids[i] for i in fresh.order]
-        if terms.runs is not None:  # the runs' id sets follow the drops
-            assert [{terms.ids[i] for i in run} for run in terms.runs] == terms.run_sets
         assert [terms.rank[i] for i in terms.order] == sorted(terms.rank[i] for i in terms.order)
         ids = [r.replica_id for r in listed]
-        # holders: some listed replicas and some that are not candidates at all
         held = {rid for rid in ids if rng.random() < 0.2} | {f"x{j}" for j in range(rng.randrange(5))}
         first = terms.pos[ids[rng.randrange(len(ids))]]  # type: ignore[index]
         want = next((j for j in terms.order if j != first and terms.ids[j] in held), -1)  # type: ignore[union-attr]
         assert scorer_terms._first_holder(terms, held, first) == want
+        left |= {rid for rid in kept if rng.random() < 0.1}
+        want = next((j for j in terms.order  # type: ignore[union-attr]
+                     if j != first and terms.ids[j] in kept and terms.ids[j] not in left), -1)
+        assert scorer_terms._first_holder(terms, kept, first, stamp=7, holds=lambda rid: rid not in left) == want
         if len(listed) == 1:
             break
         if rng.random() < 0.5:

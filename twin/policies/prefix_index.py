@@ -34,7 +34,8 @@ class ApproxPrefixIndex:
     ~0.2). The default 64 blocks (1,024 tokens at 16 a block) covers the bundled scenarios' system
     prompts (800 tokens); a longer shared prefix costs the scorer lookups, never a different decision.
     A block held by one replica (most are: a session's history) is stored as that replica_id, not as a
-    set of one.
+    set of one. A list of two or more carries a stamp (``holders_stamp``) that changes when a replica
+    joins it, so the scorer keeps its holders in bound order between decisions.
     """
 
     def __init__(self, *, capacity_blocks: int, ttl_s: float | None, holder_stride: int = 8,
@@ -55,6 +56,10 @@ class ApproxPrefixIndex:
         # marked block hash -> the replica_id whose ``_marked`` holds it, or a set of two or more; exactly
         # the ``_marked`` sets' contents, kept by _hold and _unhold
         self._holders: dict[int, str | set[str]] = {}
+        # marked block hash held by two or more -> its holders' stamp (``holders_stamp``): the count of
+        # replicas that joined any such set so far, taken when one last joined this one
+        self._joined: dict[int, int] = {}
+        self._joins = 0
 
     def record(self, replica_id: str, block_hashes: Sequence[int], now_s: float) -> None:
         """Blocks were sent to ``replica_id`` at ``now_s``.
@@ -122,6 +127,12 @@ class ApproxPrefixIndex:
         v = self._holders.get(block_hashes[k if k < self.holder_dense else k - k % self.holder_stride])
         return () if v is None else (v,) if type(v) is str else v
 
+    def holders_stamp(self, block_hashes: Sequence[int], k: int) -> int:
+        """A stamp of what ``holders_at(block_hashes, k)`` lists now, for a caller that keeps something derived
+        from that list: while it lists two or more replicas, the same stamp comes back until one joins it
+        (one leaving keeps it), and no other list ever had that stamp; 0 while it lists fewer than two."""
+        return self._joined.get(block_hashes[k if k < self.holder_dense else k - k % self.holder_stride], 0)
+
     def forget(self, replica_id: str) -> None:
         self._lru.pop(replica_id, None)
         marked = self._marked.pop(replica_id, None)
@@ -136,7 +147,7 @@ class ApproxPrefixIndex:
     def _hold(self, hashes: list[int], replica_id: str) -> None:
         """``replica_id``'s marked blocks have just taken in ``hashes`` (none of them there before; repeats
         possible)."""
-        holders = self._holders
+        holders, joined, joins = self._holders, self._joined, self._joins
         for h in hashes:
             v = holders.get(h)
             if v is None:
@@ -144,8 +155,13 @@ class ApproxPrefixIndex:
             elif type(v) is str:
                 if v != replica_id:
                     holders[h] = {v, replica_id}
+                    joins += 1
+                    joined[h] = joins
             else:
                 v.add(replica_id)
+                joins += 1
+                joined[h] = joins
+        self._joins = joins
 
     def _unhold(self, block_hash: int, replica_id: str) -> None:
         """``block_hash`` has just left ``replica_id``'s marked blocks."""
@@ -157,6 +173,7 @@ class ApproxPrefixIndex:
             v.discard(replica_id)
             if len(v) == 1:
                 holders[block_hash] = next(iter(v))
+                del self._joined[block_hash]
 
     def _expire(self, replica_id: str, lru: OrderedDict[int, float], now_s: float) -> None:
         if self.ttl_s is None:

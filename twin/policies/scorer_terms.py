@@ -32,6 +32,8 @@ _MAX_MODEL_LEN = attrgetter("max_model_len")
 
 # Host lists (epochs) whose terms a router keeps, cleared when full: they save work, never change a decision.
 LISTS_MAX = 64
+# Holder lists in rank order a terms object keeps (_first_holder), cleared when full: the same.
+RANKED_MAX = 256
 
 
 class ScorerTerms:
@@ -43,7 +45,7 @@ class ScorerTerms:
     (``rank``: drops keep ``order`` and every run sorted by it, so a candidate is found there by bisection)."""
 
     __slots__ = ("ids", "queue", "kv", "bounds", "max_bound", "idle_best", "pos", "order", "rank", "runs", "run_of",
-                 "run_sets", "run_set_of", "margin", "size", "waiting", "waiting_count", "q_lo", "q_hi")
+                 "holders_ranked", "margin", "size", "waiting", "waiting_count", "q_lo", "q_hi")
 
     def __init__(self, pw: float, qw: float, kw: float, candidates: Sequence[ReplicaSnapshot], *,
                  listed: bool) -> None:
@@ -62,9 +64,10 @@ class ScorerTerms:
         self.pos: dict[str, int] | None = None
         self.order: list[int] | None = None
         self.runs: list[list[int]] | None = None  # see runs()
-        self.run_of: list[list[int]] = []  # position -> its run (once runs() has run)
-        self.run_sets: list[set[str]] = []  # each run's replica ids, for _first_holder (once runs() has run)
-        self.run_set_of: list[set[str]] = []  # position -> its run's ids
+        self.run_of: list[int] = []  # position -> its run's index in runs (once runs() has run)
+        # holders stamp (ApproxPrefixIndex.holders_stamp) -> the positions that list held, by rank (see
+        # _first_holder)
+        self.holders_ranked: dict[int, list[int]] = {}
         # Every term and partial sum lies in [0, pw + qw + kw], so each float addition errs by at most
         # 2**-53 of that; a few of them stay far below this margin (see kept_live).
         self.margin = 1e-9 * (pw + qw + kw + 1.0)
@@ -95,9 +98,8 @@ class ScorerTerms:
         order = self.order
         del order[bisect_left(order, r, key=by_rank)]  # type: ignore[arg-type, index]
         if self.runs is not None:
-            run = self.run_of[i]
+            run = self.runs[self.run_of[i]]
             del run[bisect_left(run, r, key=by_rank)]  # its run may be left empty: runs() users skip those
-            self.run_set_of[i].discard(replica_id)
         was = self.bounds[i]
         # below every bound and total, so no filter keeps it and no comparison picks it
         self.bounds[i] = self.queue[i] = self.kv[i] = -math.inf
@@ -162,36 +164,49 @@ def runs(t: ScorerTerms) -> list[list[int]]:
     if t.runs is None:
         pair = list(zip(t.queue, t.kv))
         t.runs = [list(g) for _, g in groupby(t.order, key=pair.__getitem__)]  # type: ignore[arg-type]
-        run_of: list = [None] * len(t.ids)
-        set_of: list = [None] * len(t.ids)
-        ids = t.ids
-        t.run_sets = []
-        for run in t.runs:
-            members = {ids[i] for i in run}
-            t.run_sets.append(members)
+        run_of = [0] * len(t.ids)
+        for x, run in enumerate(t.runs):
             for i in run:
-                run_of[i] = run
-                set_of[i] = members
-        t.run_of, t.run_set_of = run_of, set_of
+                run_of[i] = x
+        t.run_of = run_of
     return t.runs
 
 
-def _first_holder(t: ScorerTerms, held: Collection[str], first: int, *,
+def _first_holder(t: ScorerTerms, held: Collection[str], first: int, *, stamp: int = 0,
                   holds: Callable[[str], bool] | None = None) -> int:
     """The position of the first candidate in bound order, ``first`` aside, whose index holds the block
     ``held`` lists the holders of (-1: none); ``held`` may list more (``ApproxPrefixIndex.holders_at``), and
-    ``holds`` (replica_id -> bool), when given, is the exact test for those it lists. Whole runs (``runs``)
-    that hold none of it are passed over by one set test each, in C over the smaller of the two: the holders
-    of a widely held block are mostly busy, so they lie below the long run of idle replicas at the top,
-    which a scan of the bound order walked member by member (~2.6% of the run at 1,080 replicas)."""
-    ids = t.ids
-    for run, members in zip(runs(t), t.run_sets):
-        if members.isdisjoint(held):
-            continue
-        for j in run:
-            if j != first and ids[j] in held and (holds is None or holds(ids[j])):
-                return j
-    return -1
+    ``holds`` (replica_id -> bool), when given, is the exact test for those it lists.
+
+    The positions ``held`` lists are put in rank order and kept under ``stamp`` (its
+    ``ApproxPrefixIndex.holders_stamp``; 0: not kept), so the next request asking about the same block
+    reads them in order from the top and, as a rule, stops at the first: the holders of a widely held block
+    (a tenant's system prompt) are mostly busy replicas ranked below many others, and a walk down the bound
+    order grew with the region (~44 runs of ~94 a decision at 540 replicas, ~4x that at 2,160). A kept
+    list stays right while its stamp does: a replica that left ``held`` since fails ``holds``, and one that
+    joined would have changed the stamp; a candidate dropped from the terms since is taken out of it when
+    passed over (found by its bound)."""
+    ranked = t.holders_ranked.get(stamp) if stamp else None
+    if ranked is None:
+        ranked = sorted([i for i in map(t.pos.get, held) if i is not None],  # type: ignore[union-attr]
+                        key=t.rank.__getitem__)
+        if stamp:
+            if len(t.holders_ranked) >= RANKED_MAX:
+                t.holders_ranked.clear()
+            t.holders_ranked[stamp] = ranked
+    ids, bounds = t.ids, t.bounds
+    found, gone = -1, 0
+    for x, j in enumerate(ranked):
+        if bounds[j] == -math.inf:
+            gone += 1
+        elif j != first and (holds is None or holds(ids[j])):
+            found = j
+            break
+    else:
+        x = len(ranked)
+    if gone:  # candidates dropped since are passed over once: at a ramp's peak they are the holders ranked first
+        ranked[:x] = [j for j in islice(ranked, x) if bounds[j] != -math.inf]
+    return found
 
 
 def kept_live(t: ScorerTerms, index: ApproxPrefixIndex, hashes: Sequence[int], match: Callable[[str], int], *,
@@ -210,7 +225,10 @@ def kept_live(t: ScorerTerms, index: ApproxPrefixIndex, hashes: Sequence[int], m
     The ``t(k)`` test runs over ``runs(t)`` in descending bound order, one test per run, and stops where
     no later run can pass it: ``t`` and the bound are the same two additions from ``at_k <= pw``, so in
     exact arithmetic ``t == bound - (pw - at_k)``, and in floats the few roundings (each at most 2**-53 of
-    ``pw + qw + kw``) stay below ``t.margin``.
+    ``pw + qw + kw``) stay below ``t.margin``. The runs ranked above the first holder of block k1 (see
+    below) are tested at ``t(k1)``, and once one of them falls below the best by that rule, the walk goes
+    on from the holder's run: without that step it passed over every busy run above the holder, a number
+    that grows with the region (~40 runs a decision at 540 replicas).
 
     k is first the largest count at which even the highest bound's ``t(k)`` may lose to the best (the
     float estimate only picks it). If many replicas hold that block (the tenant's system prompt, say),
@@ -228,13 +246,16 @@ def kept_live(t: ScorerTerms, index: ApproxPrefixIndex, hashes: Sequence[int], m
     k = min(max(math.ceil((best_total - (t.max_bound - pw)) / pw * n) - 1, 0), n - 1)
     held = index.holders_at(hashes, k)
     pos, rank = t.pos, t.rank
-    k1, lacking = k, -1  # every candidate but ``first`` ranked below ``lacking`` in t.order lacks block k1
+    # every candidate but ``first`` ranked below ``lacking`` in t.order lacks block k1; ``holder`` is the first
+    # that holds it (-1: none, or not looked for)
+    k1, lacking, holder = k, -1, -1
     if len(held) > FEW_HOLDERS:
         h = hashes[k]
-        j = _first_holder(t, held, first, holds=lambda rid: h in lrus[rid])
-        lacking = math.inf if j < 0 else rank[j]
-        if j >= 0 and bounds[j] >= best_total:
-            second = j
+        holder = _first_holder(t, held, first, stamp=index.holders_stamp(hashes, k),
+                               holds=lambda rid: h in lrus[rid])
+        lacking = math.inf if holder < 0 else rank[holder]
+        if holder >= 0 and bounds[holder] >= best_total:
+            second = holder
         if second >= 0:
             m = match(ids[second])
             total = pw * (m / n) + queue[second] + kv[second]
@@ -259,8 +280,12 @@ def kept_live(t: ScorerTerms, index: ApproxPrefixIndex, hashes: Sequence[int], m
         live = {i for i in map(pos.get, held)  # type: ignore[union-attr]
                 if i is not None and bounds[i] >= best_total and h in lrus[ids[i]]}
     at_k, at_k1 = pw * (k / n), pw * (k1 / n)
-    drop, floor = pw - at_k, best_total - t.margin
-    for run in runs(t):
+    drop, drop1, floor = pw - at_k, pw - at_k1, best_total - t.margin
+    rs = runs(t)
+    x, end = 0, len(rs)
+    while x < end:
+        run = rs[x]
+        x += 1
         if not run:
             continue
         i = run[0]
@@ -271,7 +296,17 @@ def kept_live(t: ScorerTerms, index: ApproxPrefixIndex, hashes: Sequence[int], m
             continue
         # a run whose members all lack block k1 totals at most t(k1) (idle replicas that never served
         # the tenant lie here, above the second seed in bound order); its last member ranks highest
-        s = (at_k1 if rank[run[-1]] < lacking else at_k) + queue[i] + kv[i]
+        if rank[run[-1]] < lacking:
+            if b - drop1 < floor:
+                # so does every later run ranked above the first holder of block k1, with a lower t(k1)
+                # (the same float argument as the break above): go on from the first holder's run
+                if holder < 0:
+                    break
+                x = t.run_of[holder]
+                continue
+            s = at_k1 + queue[i] + kv[i]
+        else:
+            s = at_k + queue[i] + kv[i]
         if s > best_total:
             live.update(run)
         elif s == best_total:
