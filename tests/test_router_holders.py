@@ -120,3 +120,32 @@ def test_kept_order_and_ranks_follow_drops(seed: int, size: int) -> None:
         gone = listed.pop(rng.randrange(len(listed)))
         if not terms.drop(gone.replica_id):
             terms = scorer_terms.ScorerTerms(3.0, 2.0, 2.0, listed, listed=True)
+
+
+def test_the_walk_resumes_at_the_first_holders_own_run() -> None:
+    """Worked by hand (``pw, qw, kw = 3, 2, 2``; a prompt of 10 blocks): r0 is idle and holds nothing (bound
+    6.5); r1 and r2 share queue and kv terms (bound 5) and hold 6 and 7 blocks; r3, the session's replica and
+    the first seed, holds all 10 (total 4.0). Block 1 is held by three, so the first holder, r1, is the second
+    seed (3.8, no better). The walk tests r0 at t(1) = 3.8 < 4.0 and jumps to r1's run, where r2 (4.1) is
+    kept: resuming after that run instead would lose the winner."""
+    rows = [("r0", 0, 0.25, 0), ("r1", 1, 0.5, 6), ("r2", 1, 0.5, 7), ("r3", 2, 0.5, 10)]
+    listed = [ReplicaSnapshot(replica_id=rid, region="us", model="m", pool="default", healthy=True, num_running=1,
+                              num_waiting=w, kv_usage=u, outstanding_tokens=0, max_model_len=8192, scraped_at_s=0.0)
+              for rid, w, u, _ in rows]
+    hashes = chained(list(range(10)))
+    index = build_router({"kind": "llm_d_scorer"}, seed=1).index
+    for rid, _, _, held in rows:
+        if held:
+            index.record(rid, hashes[:held], 0.0)
+    terms = scorer_terms.ScorerTerms(3.0, 2.0, 2.0, listed, listed=True)
+    assert terms.bounds == [6.5, 5.0, 5.0, 4.0]
+    match = index.matcher(hashes, 0.0)
+    was = scorer_terms.FEW_HOLDERS
+    scorer_terms.FEW_HOLDERS = 2
+    try:
+        for _ in range(2):  # the second time through the holder list kept under its stamp
+            live, best_total, best_id = scorer_terms.kept_live(terms, index, hashes, match, first=3, m_first=10,
+                                                               pw=3.0)
+            assert (live, best_total, best_id) == ([2], 4.0, "r3")
+    finally:
+        scorer_terms.FEW_HOLDERS = was
