@@ -103,6 +103,8 @@ def test_kept_order_and_ranks_follow_drops(seed: int, size: int) -> None:
     while True:
         fresh = scorer_terms.ScorerTerms(3.0, 2.0, 2.0, listed, listed=True)
         assert [terms.ids[i] for i in terms.order] == [fresh.ids[i] for i in fresh.order]
+        if terms.runs is not None:  # drops leave each run in bound order: together they are the order
+            assert [i for run in terms.runs for i in run] == terms.order
         assert [terms.rank[i] for i in terms.order] == sorted(terms.rank[i] for i in terms.order)
         ids = [r.replica_id for r in listed]
         held = {rid for rid in ids if rng.random() < 0.2} | {f"x{j}" for j in range(rng.randrange(5))}
