@@ -124,14 +124,18 @@ class ApproxPrefixIndex:
         maybe others, in no particular order: exactly the replicas whose LRU holds the marked block at or
         before k (see the class docstring), so exactly block k's holders when k is marked (below
         ``holder_dense``, or a multiple of ``holder_stride``)."""
-        v = self._holders.get(block_hashes[k if k < self.holder_dense else k - k % self.holder_stride])
+        v = self._holders.get(block_hashes[self._marked_at(k)])
         return () if v is None else (v,) if type(v) is str else v
 
     def holders_stamp(self, block_hashes: Sequence[int], k: int) -> int:
         """A stamp of what ``holders_at(block_hashes, k)`` lists now, for a caller that keeps something derived
         from that list: while it lists two or more replicas, the same stamp comes back until one joins it
         (one leaving keeps it), and no other list ever had that stamp; 0 while it lists fewer than two."""
-        return self._joined.get(block_hashes[k if k < self.holder_dense else k - k % self.holder_stride], 0)
+        return self._joined.get(block_hashes[self._marked_at(k)], 0)
+
+    def _marked_at(self, k: int) -> int:
+        """The marked position at or before ``k`` (``record`` marks the same ones by slicing)."""
+        return k if k < self.holder_dense else k - k % self.holder_stride
 
     def forget(self, replica_id: str) -> None:
         self._lru.pop(replica_id, None)
