@@ -28,6 +28,8 @@ from twin.policies import (
 from twin.policies.prng import SplitMix64, combine_hashes, stable_hash_str
 from twin.policies.routing import LeastOutstandingTokensParams
 
+from prefixkit import chained
+
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -271,11 +273,11 @@ def test_llm_d_scorer_prefers_the_replica_it_sent_the_prefix_to_until_its_queue_
 def test_llm_d_scorer_prefix_score_is_the_matched_fraction() -> None:
     sc = build_router({"kind": "llm_d_scorer", "queue_weight": 0, "kv_usage_weight": 0}, seed=0)
     replicas = fleet(2)
-    home = send(sc, req(block_hashes=(1, 2)), replicas)
-    d = sc.route(req(block_hashes=(1, 2, 3, 4)), replicas, 1.0)
+    home = send(sc, req(block_hashes=chained([1, 2])), replicas)
+    d = sc.route(req(block_hashes=chained([1, 2, 3, 4])), replicas, 1.0)
     assert dict(d.scores)[home] == pytest.approx(3.0 * 2 / 4)
-    # matching is of the leading blocks only: a shared middle block does not count
-    assert dict(sc.route(req(block_hashes=(9, 2)), replicas, 1.0).scores)[home] == 0.0
+    # matching is of the leading blocks only: block 2 after block 9 is another block (its hash chains from 9's)
+    assert dict(sc.route(req(block_hashes=chained([9, 2])), replicas, 1.0).scores)[home] == 0.0
 
 
 def test_llm_d_scorer_index_ages_out_evicts_lru_and_forgets_unhealthy_replicas() -> None:

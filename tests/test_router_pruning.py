@@ -37,35 +37,33 @@ WEIGHTS = st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.0])
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**32), size=st.integers(1, 40), prefix_w=WEIGHTS, queue_w=WEIGHTS, kv_w=WEIGHTS,
        capacity=st.sampled_from([8, 40, 1000]), ttl=st.sampled_from([None, 0.5, 3.0]),
-       chain=st.booleans(), wrapped=st.booleans())
+       wrapped=st.booleans())
 def test_pruned_scorer_decides_as_the_full_scan(seed: int, size: int, prefix_w: float, queue_w: float, kv_w: float,
-                                                capacity: int, ttl: float | None, chain: bool, wrapped: bool) -> None:
+                                                capacity: int, ttl: float | None, wrapped: bool) -> None:
     scorer = {"kind": "llm_d_scorer", "prefix_weight": prefix_w, "queue_weight": queue_w, "kv_usage_weight": kv_w,
               "index_capacity_blocks": capacity, "index_ttl_s": ttl}
-    drive(scorer, seed=seed, size=size, chain=chain, wrapped=wrapped, sampled=False)
+    drive(scorer, seed=seed, size=size, wrapped=wrapped, sampled=False)
 
 
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**32), size=st.integers(1, 40), weight=WEIGHTS, block_size=st.sampled_from([1, 4, 16, 64]),
        temperature=st.sampled_from([0.0, 0.0, 0.5]), capacity=st.sampled_from([8, 40, 1000]),
-       ttl=st.sampled_from([None, 0.5, 3.0]), chain=st.booleans(), wrapped=st.booleans())
+       ttl=st.sampled_from([None, 0.5, 3.0]), wrapped=st.booleans())
 def test_pruned_kv_cost_decides_as_the_full_scan(seed: int, size: int, weight: float, block_size: int,
-                                                 temperature: float, capacity: int, ttl: float | None, chain: bool,
+                                                 temperature: float, capacity: int, ttl: float | None,
                                                  wrapped: bool) -> None:
     cost = {"kind": "dynamo_kv_cost", "overlap_score_weight": weight, "block_size_tokens": block_size,
             "temperature": temperature, "index_capacity_blocks": capacity, "index_ttl_s": ttl}
-    drive(cost, seed=seed, size=size, chain=chain, wrapped=wrapped, sampled=temperature > 0)
+    drive(cost, seed=seed, size=size, wrapped=wrapped, sampled=temperature > 0)
 
 
-def drive(inner: dict, *, seed: int, size: int, chain: bool, wrapped: bool, sampled: bool) -> None:
+def drive(inner: dict, *, seed: int, size: int, wrapped: bool, sampled: bool) -> None:
     """Route the same random sessions through a router with scores omitted and one with them listed
     (a sampling router scores everyone either way, as its draw needs every weight). Prompts are chained
-    block hashes, as the engine's are, or (``chain`` false) raw tokens from a small alphabet, whose held
-    blocks need not form a leading run, so the pruned router may not rely on that."""
+    block hashes, as the engine's are and as the prefix index requires."""
     params = {"kind": "long_context_pool", "inner": inner} if wrapped else inner
     fast, full = build_router(params, seed=1), build_router(params, seed=1)
     fast.omit_scores()
-    hashes = chained if chain else tuple
     rng = SplitMix64(seed)
     systems = [[rng.randrange(40) for _ in range(1 + rng.randrange(6))] for _ in range(3)]
     sessions = [list(systems[s % 3]) for s in range(10)]
@@ -73,8 +71,8 @@ def drive(inner: dict, *, seed: int, size: int, chain: bool, wrapped: bool, samp
         s = rng.randrange(len(sessions))
         session = sessions[s]
         if rng.random() < 0.9:
-            session.extend(rng.randrange(10**6 if chain else 8) for _ in range(1 + rng.randrange(3)))
-        prompt = hashes(session) if rng.random() < 0.95 else ()
+            session.extend(rng.randrange(10**6) for _ in range(1 + rng.randrange(3)))
+        prompt = chained(session) if rng.random() < 0.95 else ()
         replicas = [snapshot(i, waiting=rng.randrange(3), kv=rng.randrange(3) / 4, healthy=rng.random() < 0.97,
                              region=("us", "eu")[rng.randrange(2)], tokens=16 * rng.randrange(3)) for i in range(size)]
         region = (None, "us", "eu")[rng.randrange(3)]

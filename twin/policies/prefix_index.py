@@ -8,34 +8,65 @@ out or they age past a TTL.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Callable, Collection, Sequence
-from itertools import chain, filterfalse, takewhile
+
+
+class _Run:
+    """Blocks ``hashes[a:b]`` of one recorded prompt, in one replica's LRU, all last used at ``t``. In LRU order
+    (least recent first) they are ``hashes[b - 1]``, ..., ``hashes[a]``: recorded leaf first."""
+
+    __slots__ = ("hashes", "a", "b", "t")
+
+    def __init__(self, hashes: Sequence[int], a: int, b: int, t: float) -> None:
+        self.hashes = hashes
+        self.a = a
+        self.b = b
+        self.t = t
 
 
 class ApproxPrefixIndex:
     """Per replica, an LRU of block hashes this router sent there, with capacity and aging.
 
-    A match is the number of *leading* prompt blocks found in a replica's LRU, found block by block.
+    A match is the number of *leading* prompt blocks found in a replica's LRU.
+
+    **Block hashes must chain**, as vLLM's, llm-d's and twin's own do (``twin.models.tokens``,
+    ``twin.router.prompt.block_hashes``): block i's hash determines the prompt's blocks 0..i, so two prompts that
+    share a hash at position i share every block before it, and no hash appears at two positions. The index
+    relies on it throughout:
+
+    - *A replica's LRU holds a prefix of any prompt.* Each record that held block k held blocks 0..k-1 too and
+      used them after k (recorded leaf first), so they leave the LRU after it, by capacity or by age. A match
+      (the leading blocks held) is therefore a binary search, not a scan.
+    - *The LRU is kept as runs of blocks, not block by block.* A record appends one run (``_Run``: its prompt's
+      blocks, all last used now) at the most recent end. The blocks it takes from older runs are the ones it
+      shares with their prompts, a leading range of each (the chain), so an older run only shortens at its root
+      end; capacity and age take blocks off the least recent run's leaf end. Each replica keeps its runs in LRU
+      order (``_runs``, emptied runs left in place until they reach the front), a plain dict of the blocks it
+      holds for membership (``_lru``: the scorer's one-lookup test), and its live runs by their root block's hash
+      (``_roots``), which is how a record finds the runs it shortens: a run shares blocks with the new prompt
+      only if its root block is one of them. Per record that is one lookup per block in a small map and a
+      bisection per shortened run, where a block-by-block LRU moved every block of the prompt (~114 at the
+      fleet's peak, ~66 of them already there) in a table of millions: ~40 % of the index's time on records
+      captured from the fleet benchmark (docs/performance.md, round 17). The LRU order, sizes, matches and
+      holders are those of the block-by-block LRU (``tests/test_prefix_index.py`` drives both).
 
     Beside the LRUs it keeps an inverse for the scorer: which replicas may hold block k of a prompt
     (``holders_at``), so a router can find the few replicas that may hold it without asking every
-    candidate's LRU. It is kept only for the *marked* blocks: every block below position ``holder_dense``
-    and every ``holder_stride``-th one after it. Block hashes form a chain (block i's hash determines
-    blocks 0..i, as vLLM's and llm-d's do), and a replica's LRU that holds block k also holds every block
-    before it (each record that held k held them, and recorded them after k, so they leave the LRU after
-    it): the holders of the marked block at or before k are a superset of block k's, and the scorer tests
-    each of them with one lookup in its LRU. Keeping the inverse for every block cost more than the rest of
-    the index together (a global map of every LRU's blocks: one cache miss per block recorded or evicted,
-    ~48 of them per record at the fleet's peak). The first blocks are all marked because that is where a
-    superset would cost the scorer most: a session's first turn is a shared system prompt and a few new
-    blocks, and the scorer asks who holds the first new one; with only every 8th block marked, the answer
-    would be every replica holding the system prompt (~12 candidates more to test a decision, against
-    ~0.2). The default 64 blocks (1,024 tokens at 16 a block) covers the bundled scenarios' system
-    prompts (800 tokens); a longer shared prefix costs the scorer lookups, never a different decision.
-    A block held by one replica (most are: a session's history) is stored as that replica_id, not as a
-    set of one. A list of two or more carries a stamp (``holders_stamp``) that changes when a replica
-    joins it, so the scorer keeps its holders in bound order between decisions.
+    candidate's LRU. It is kept only for the *marked* positions: every block below position ``holder_dense``
+    and every ``holder_stride``-th one after it. A replica's LRU that holds block k also holds every block
+    before it (above), so the holders of the marked block at or before k are a superset of block k's, and
+    the scorer tests each of them with one lookup in its LRU. Keeping the inverse for every block cost more
+    than the rest of the index together (a global map of every LRU's blocks: one cache miss per block
+    recorded or evicted, ~48 of them per record at the fleet's peak). The first blocks are all marked because
+    that is where a superset would cost the scorer most: a session's first turn is a shared system prompt and
+    a few new blocks, and the scorer asks who holds the first new one; with only every 8th block marked, the
+    answer would be every replica holding the system prompt (~12 candidates more to test a decision, against
+    ~0.2). The default 64 blocks (1,024 tokens at 16 a block) covers the bundled scenarios' system prompts
+    (800 tokens); a longer shared prefix costs the scorer lookups, never a different decision. A block held
+    by one replica (most are: a session's history) is stored as that replica_id, not as a set of one. A list
+    of two or more carries a stamp (``holders_stamp``) that changes when a replica joins it, so the scorer
+    keeps its holders in bound order between decisions.
     """
 
     def __init__(self, *, capacity_blocks: int, ttl_s: float | None, holder_stride: int = 8,
@@ -48,13 +79,12 @@ class ApproxPrefixIndex:
         self.ttl_s = ttl_s
         self.holder_stride = holder_stride
         self.holder_dense = holder_dense
-        self._lru: dict[str, OrderedDict[int, float]] = {}
-        # per replica, the marked blocks in its LRU: those a record put at a marked position (below
-        # holder_dense, or a multiple of holder_stride) since they last entered it (expired entries included
-        # until they are removed)
-        self._marked: dict[str, set[int]] = {}
-        # marked block hash -> the replica_id whose ``_marked`` holds it, or a set of two or more; exactly
-        # the ``_marked`` sets' contents, kept by _hold and _unhold
+        # per replica: the blocks its LRU holds (values unused), its runs least recent first (emptied ones
+        # included until they reach the front), and its live runs by their root block's hash
+        self._lru: dict[str, dict[int, None]] = {}
+        self._runs: dict[str, deque[_Run]] = {}
+        self._roots: dict[str, dict[int, _Run]] = {}
+        # marked block hash -> the replica_id whose LRU holds it, or a set of two or more
         self._holders: dict[int, str | set[str]] = {}
         # marked block hash held by two or more -> its holders' stamp (``holders_stamp``): the count of
         # replicas that joined any such set so far, taken when one last joined this one
@@ -65,27 +95,51 @@ class ApproxPrefixIndex:
         """Blocks were sent to ``replica_id`` at ``now_s``.
 
         Recorded leaf first, so the prefix root is the most recently used and is evicted last, as an
-        engine evicts a freed request's blocks from the tail.
+        engine evicts a freed request's blocks from the tail. ``block_hashes`` is kept (by reference) while
+        any of its blocks is in the LRU: pass an immutable sequence.
         """
         lru = self._lru.get(replica_id)
         if lru is None:
-            lru = self._lru[replica_id] = OrderedDict()
-            self._marked[replica_id] = set()
-        move = lru.move_to_end
-        for h in reversed(block_hashes):
-            lru[h] = now_s
-            move(h)
-        marked = self._marked[replica_id]
-        st, d = self.holder_stride, self.holder_dense
-        new = list(filterfalse(marked.__contains__, chain(block_hashes[:d], block_hashes[d + (-d % st)::st])))
-        if new:
-            marked.update(new)
-            self._hold(new, replica_id)
+            lru = self._lru[replica_id] = {}
+            runs = self._runs[replica_id] = deque()
+            roots = self._roots[replica_id] = {}
+        else:
+            runs = self._runs[replica_id]
+            roots = self._roots[replica_id]
+        hs = block_hashes
+        n = len(hs)
+        if n:
+            m = _held(lru, hs)
+            if m:
+                # the runs holding some of blocks 0..m-1: each holds a leading range of its own prompt's
+                # blocks from its root a, so a lookup of the new prompt's blocks among the roots finds them
+                for r in list(filter(None, map(roots.get, hs[:m]))):
+                    g, a, b = r.hashes, r.a, r.b
+                    e = m if m < b else b  # it gives up g[a:e]: the blocks it shares with hs (below m)
+                    if g[e - 1] != hs[e - 1]:
+                        lo, hi = a + 1, e - 1  # (g[a] == hs[a]: the first position where they differ)
+                        while lo < hi:
+                            mid = (lo + hi) >> 1
+                            if g[mid] == hs[mid]:
+                                lo = mid + 1
+                            else:
+                                hi = mid
+                        e = lo
+                    del roots[g[a]]
+                    r.a = e
+                    if e < b:
+                        roots[g[e]] = r
+            if m < n:
+                lru.update(dict.fromkeys(hs[m:n]))
+                self._hold(self._marks(hs, m, n), replica_id)
+            r = _Run(hs, 0, n, now_s)
+            runs.append(r)
+            roots[hs[0]] = r
         over = len(lru) - self.capacity_blocks
         if over > 0:
-            pop = lru.popitem
-            self._left(replica_id, [pop(False)[0] for _ in range(over)])
-        self._expire(replica_id, lru, now_s)
+            self._evict(replica_id, lru, runs, roots, over)
+        if self.ttl_s is not None:
+            self._expire(replica_id, lru, now_s)
 
     def match_blocks(self, replica_id: str, block_hashes: Sequence[int], now_s: float) -> int:
         """How many leading blocks of the prompt the index believes are cached on ``replica_id``."""
@@ -99,16 +153,15 @@ class ApproxPrefixIndex:
     def matcher(self, block_hashes: Sequence[int], now_s: float) -> Callable[[str], int]:
         """``replica_id -> match_blocks(replica_id, block_hashes, now_s)``, for a router that matches only
         some candidates; ``match_many`` calls it for every candidate."""
-        lrus, expire = self._lru, self._expire
+        lrus, expire, ttl = self._lru, self._expire, self.ttl_s
 
         def match(replica_id: str) -> int:
             lru = lrus.get(replica_id)
             if not lru:
                 return 0
-            expire(replica_id, lru, now_s)
-            # "for h in block_hashes: stop at the first not in lru", counted in C: each lookup is a cache
-            # miss in a large LRU, and a Python loop around it costs ~20% more (isolated timing)
-            return len(list(takewhile(lru.__contains__, block_hashes)))
+            if ttl is not None:
+                expire(replica_id, lru, now_s)
+            return _held(lru, block_hashes)
 
         return match
 
@@ -134,23 +187,44 @@ class ApproxPrefixIndex:
         return self._joined.get(block_hashes[self._marked_at(k)], 0)
 
     def _marked_at(self, k: int) -> int:
-        """The marked position at or before ``k`` (``record`` marks the same ones by slicing)."""
+        """The marked position at or before ``k`` (``_marks`` lists the same ones by slicing)."""
         return k if k < self.holder_dense else k - k % self.holder_stride
 
     def forget(self, replica_id: str) -> None:
-        self._lru.pop(replica_id, None)
-        marked = self._marked.pop(replica_id, None)
-        if marked:
+        lru = self._lru.pop(replica_id, None)
+        runs = self._runs.pop(replica_id, ())
+        self._roots.pop(replica_id, None)
+        if lru:
             unhold = self._unhold
-            for h in marked:
-                unhold(h, replica_id)
+            for r in runs:
+                if r.a < r.b:
+                    for h in self._marks(r.hashes, r.a, r.b):
+                        unhold(h, replica_id)
 
     def size(self, replica_id: str) -> int:
         return len(self._lru.get(replica_id, ()))
 
+    def lru_items(self, replica_id: str) -> list[tuple[int, float]]:
+        """``replica_id``'s LRU as (block hash, last used), least recent first (for tests and inspection)."""
+        out: list[tuple[int, float]] = []
+        for r in self._runs.get(replica_id, ()):
+            hs, t = r.hashes, r.t
+            out.extend((hs[j], t) for j in range(r.b - 1, r.a - 1, -1))
+        return out
+
+    def _marks(self, hashes: Sequence[int], a: int, b: int) -> list[int]:
+        """The blocks at marked positions among ``hashes[a:b]``, in order."""
+        d, st = self.holder_dense, self.holder_stride
+        if a < d:
+            out = list(hashes[a:min(b, d)])
+            a = d
+        else:
+            out = []
+        out.extend(hashes[a + (-a % st):b:st])
+        return out
+
     def _hold(self, hashes: list[int], replica_id: str) -> None:
-        """``replica_id``'s marked blocks have just taken in ``hashes`` (none of them there before; repeats
-        possible)."""
+        """``hashes``, blocks at marked positions, have just entered ``replica_id``'s LRU."""
         holders, joined, joins = self._holders, self._joined, self._joins
         for h in hashes:
             v = holders.get(h)
@@ -168,7 +242,7 @@ class ApproxPrefixIndex:
         self._joins = joins
 
     def _unhold(self, block_hash: int, replica_id: str) -> None:
-        """``block_hash`` has just left ``replica_id``'s marked blocks."""
+        """``block_hash``, a block at a marked position, has just left ``replica_id``'s LRU."""
         holders = self._holders
         v = holders[block_hash]
         if type(v) is str:
@@ -179,25 +253,54 @@ class ApproxPrefixIndex:
                 holders[block_hash] = next(iter(v))
                 del self._joined[block_hash]
 
-    def _expire(self, replica_id: str, lru: OrderedDict[int, float], now_s: float) -> None:
-        if self.ttl_s is None:
-            return
-        gone = []
-        while lru:
-            h, t = next(iter(lru.items()))
-            if now_s - t <= self.ttl_s:
-                break
-            del lru[h]
-            gone.append(h)
-        if gone:
-            self._left(replica_id, gone)
-
-    def _left(self, replica_id: str, hashes: list[int]) -> None:
-        """``hashes`` (distinct) have just left ``replica_id``'s LRU: the marked ones leave the holder map."""
-        marked = self._marked[replica_id]
-        gone = list(filter(marked.__contains__, hashes))
-        if gone:
-            marked.difference_update(gone)
-            unhold = self._unhold
-            for h in gone:
+    def _evict(self, replica_id: str, lru: dict[int, None], runs: deque[_Run], roots: dict[int, _Run],
+               over: int) -> None:
+        """Take the ``over`` least recently used blocks out of ``replica_id``'s LRU (and the holder map)."""
+        unhold = self._unhold
+        while over:
+            r = runs[0]
+            a, b = r.a, r.b
+            if a == b:
+                runs.popleft()
+                continue
+            c = b - over if b - over > a else a
+            hs = r.hashes
+            for h in hs[c:b]:
+                del lru[h]
+            for h in self._marks(hs, c, b):
                 unhold(h, replica_id)
+            over -= b - c
+            if c == a:
+                del roots[hs[a]]
+                runs.popleft()
+            else:
+                r.b = c
+
+    def _expire(self, replica_id: str, lru: dict[int, None], now_s: float) -> None:
+        """Take the blocks last used more than ``ttl_s`` before ``now_s`` out of the LRU."""
+        ttl, n = self.ttl_s, 0
+        for r in self._runs[replica_id]:
+            if r.a < r.b:
+                if now_s - r.t <= ttl:
+                    break
+                n += r.b - r.a
+        if n:
+            self._evict(replica_id, lru, self._runs[replica_id], self._roots[replica_id], n)
+
+
+def _held(lru: dict[int, None], hashes: Sequence[int]) -> int:
+    """How many leading blocks of ``hashes`` ``lru`` holds: the held ones are a prefix (see ApproxPrefixIndex), so
+    a bisection finds where it ends."""
+    n = len(hashes)
+    if not n or hashes[0] not in lru:
+        return 0
+    if hashes[n - 1] in lru:
+        return n
+    lo, hi = 1, n - 1
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if hashes[mid] in lru:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
