@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from twin.policies import ApproxPrefixIndex
+from twin.policies.prng import SplitMix64
 
 from prefixkit import chained
 
@@ -188,3 +189,37 @@ def test_holders_at_answers_for_the_marked_block_at_or_before_k() -> None:
     dense.record("r0", a, 0.0)  # marked: blocks 0, 1, 2 (below 3) and 4 (a multiple of 4)
     assert sorted(dense._holders) == sorted({a[0], a[1], a[2], a[4]})
     assert [dense.holders_at(a, k) == ("r0",) for k in range(5)] == [True] * 5
+
+
+
+def test_emptied_runs_do_not_pile_up() -> None:
+    """The same prompts recorded over and over empty every earlier run; an LRU that never fills nor ages must
+    not keep them all (they are dropped once they outnumber the live runs), and its order stays the scan's."""
+    idx = ApproxPrefixIndex(capacity_blocks=100, ttl_s=None)
+    ref = ReferenceIndex(capacity_blocks=100, ttl_s=None)
+    a, b = chained([1, 2, 3]), chained([1, 2, 4])
+    for i in range(1000):
+        idx.record("r0", b if i % 3 == 0 else a, float(i))
+        ref.record("r0", b if i % 3 == 0 else a, float(i))
+        assert len(idx._runs["r0"]) <= 2 * 2 + 64 + 1
+        assert idx.lru_items("r0") == list(ref.lru["r0"].items())
+    assert idx.lru_items("r0") == [
+        (a[2], 998.0), (b[2], 999.0), (a[1], 999.0), (a[0], 999.0)]
+
+
+def test_long_drives_through_the_dropping_of_emptied_runs() -> None:
+    """Long random drives (hundreds of records on two replicas, so emptied runs are dropped many times), checked
+    against the reference after every step as the property tests are."""
+    rng = SplitMix64(7)
+    for capacity, ttl in ((1000, None), (40, None), (1000, 30.0)):
+        sessions = [[rng.randrange(3)] for _ in range(6)]
+        ops = []
+        for _ in range(400):
+            s = sessions[rng.randrange(len(sessions))]
+            if rng.random() < 0.5:
+                s.append(rng.randrange(4))
+            x = rng.random()
+            kind = "forget" if x < 0.005 else "match" if x < 0.2 else "record"
+            ops.append((kind, REPLICAS[rng.randrange(2)], list(s), rng.random()))
+        idx = drive(ops, capacity=capacity, ttl=ttl, stride=3, dense=4)
+        assert max(len(q) for q in idx._runs.values()) <= 2 * max(len(r) for r in idx._roots.values()) + 65

@@ -135,6 +135,11 @@ class ApproxPrefixIndex:
             r = _Run(hs, 0, n, now_s)
             runs.append(r)
             roots[hs[0]] = r
+            if len(runs) > 2 * len(roots) + 64:
+                # emptied runs leave at the front; when they outnumber the live ones (each has one root), drop them
+                # all here, so an LRU that is neither full nor aged (the same prompt recorded over and over)
+                # does not keep every run it ever had
+                runs = self._runs[replica_id] = deque(r for r in runs if r.a < r.b)
         over = len(lru) - self.capacity_blocks
         if over > 0:
             self._evict(replica_id, lru, runs, roots, over)
