@@ -283,14 +283,17 @@ class ApproxPrefixIndex:
 
     def _expire(self, replica_id: str, lru: dict[int, None], now_s: float) -> None:
         """Take the blocks last used more than ``ttl_s`` before ``now_s`` out of the LRU."""
+        runs = self._runs[replica_id]
+        while runs and runs[0].a == runs[0].b:  # (emptied runs at the front go here, so a check reads one run)
+            runs.popleft()
         ttl, n = self.ttl_s, 0
-        for r in self._runs[replica_id]:
+        for r in runs:
             if r.a < r.b:
                 if now_s - r.t <= ttl:
                     break
                 n += r.b - r.a
         if n:
-            self._evict(replica_id, lru, self._runs[replica_id], self._roots[replica_id], n)
+            self._evict(replica_id, lru, runs, self._roots[replica_id], n)
 
 
 def _held(lru: dict[int, None], hashes: Sequence[int]) -> int:
