@@ -191,7 +191,6 @@ def test_holders_at_answers_for_the_marked_block_at_or_before_k() -> None:
     assert [dense.holders_at(a, k) == ("r0",) for k in range(5)] == [True] * 5
 
 
-
 def test_emptied_runs_do_not_pile_up() -> None:
     """The same prompts recorded over and over empty every earlier run; an LRU that never fills nor ages must
     not keep them all (they are dropped once they outnumber the live runs), and its order stays the scan's."""

@@ -200,11 +200,9 @@ class ApproxPrefixIndex:
         runs = self._runs.pop(replica_id, ())
         self._roots.pop(replica_id, None)
         if lru:
-            unhold = self._unhold
             for r in runs:
                 if r.a < r.b:
-                    for h in self._marks(r.hashes, r.a, r.b):
-                        unhold(h, replica_id)
+                    self._unhold_marks(replica_id, r.hashes, r.a, r.b)
 
     def size(self, replica_id: str) -> int:
         return len(self._lru.get(replica_id, ()))
@@ -258,10 +256,15 @@ class ApproxPrefixIndex:
                 holders[block_hash] = next(iter(v))
                 del self._joined[block_hash]
 
+    def _unhold_marks(self, replica_id: str, hashes: Sequence[int], a: int, b: int) -> None:
+        """Blocks ``hashes[a:b]`` have just left ``replica_id``'s LRU: the marked ones leave the holder map."""
+        unhold = self._unhold
+        for h in self._marks(hashes, a, b):
+            unhold(h, replica_id)
+
     def _evict(self, replica_id: str, lru: dict[int, None], runs: deque[_Run], roots: dict[int, _Run],
                over: int) -> None:
         """Take the ``over`` least recently used blocks out of ``replica_id``'s LRU (and the holder map)."""
-        unhold = self._unhold
         while over:
             r = runs[0]
             a, b = r.a, r.b
@@ -272,8 +275,7 @@ class ApproxPrefixIndex:
             hs = r.hashes
             for h in hs[c:b]:
                 del lru[h]
-            for h in self._marks(hs, c, b):
-                unhold(h, replica_id)
+            self._unhold_marks(replica_id, hs, c, b)
             over -= b - c
             if c == a:
                 del roots[hs[a]]
