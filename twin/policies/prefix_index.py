@@ -44,12 +44,12 @@ class ApproxPrefixIndex:
       end; capacity and age take blocks off the least recent run's leaf end. Each replica keeps its runs in LRU
       order (``_runs``, emptied runs left in place until they reach the front), a plain dict of the blocks it
       holds for membership (``_lru``: the scorer's one-lookup test), and its live runs by their root block's hash
-      (``_roots``), which is how a record finds the runs it shortens: a run shares blocks with the new prompt
-      only if its root block is one of them. Per record that is one lookup per block in a small map and a
-      bisection per shortened run, where a block-by-block LRU moved every block of the prompt (~114 at the
-      fleet's peak, ~66 of them already there) in a table of millions: ~40 % of the index's time on records
-      captured from the fleet benchmark (docs/performance.md, round 17). The LRU order, sizes, matches and
-      holders are those of the block-by-block LRU (``tests/test_prefix_index.py`` drives both).
+      (``_roots``), which is how a record finds the runs it shortens: the held blocks of the new prompt lie in
+      runs rooted at block 0, then where the one before stops holding them (``record``). Per record that is one
+      lookup and a bisection per shortened run, where a block-by-block LRU moved every block of the prompt
+      (~114 at the fleet's peak, ~66 of them already there) in a table of millions: ~40 % of the index's time
+      on records captured from the fleet benchmark (docs/performance.md, round 17). The LRU order, sizes,
+      matches and holders are those of the block-by-block LRU (``tests/test_prefix_index.py`` drives both).
 
     Beside the LRUs it keeps an inverse for the scorer: which replicas may hold block k of a prompt
     (``holders_at``), so a router can find the few replicas that may hold it without asking every
@@ -110,25 +110,28 @@ class ApproxPrefixIndex:
         n = len(hs)
         if n:
             m = _held(lru, hs)
-            if m:
-                # the runs holding some of blocks 0..m-1: each holds a leading range of its own prompt's
-                # blocks from its root a, so a lookup of the new prompt's blocks among the roots finds them
-                for r in list(filter(None, map(roots.get, hs[:m]))):
-                    g, a, b = r.hashes, r.a, r.b
-                    e = m if m < b else b  # it gives up g[a:e]: the blocks it shares with hs (below m)
-                    if g[e - 1] != hs[e - 1]:
-                        lo, hi = a + 1, e - 1  # (g[a] == hs[a]: the first position where they differ)
-                        while lo < hi:
-                            mid = (lo + hi) >> 1
-                            if g[mid] == hs[mid]:
-                                lo = mid + 1
-                            else:
-                                hi = mid
-                        e = lo
-                    del roots[g[a]]
-                    r.a = e
-                    if e < b:
-                        roots[g[e]] = r
+            # The runs holding blocks 0..m-1, in order: each holds a range of its own prompt's blocks from its
+            # root, so the run holding block j of hs (j = 0 first) has its root at j (a run rooted before j would
+            # hold block j - 1 too, which the run before holds), and holds hs's blocks up to e, where its prompt
+            # parts from hs or it ends (or m); the next one is rooted at e. One lookup a run, not one a block.
+            j = 0
+            while j < m:
+                r = roots.pop(hs[j])
+                g, b = r.hashes, r.b
+                e = m if m < b else b  # it gives up g[j:e]: the blocks it shares with hs (below m)
+                if g[e - 1] != hs[e - 1]:
+                    lo, hi = j + 1, e - 1  # (g[j] == hs[j]: the first position where they differ)
+                    while lo < hi:
+                        mid = (lo + hi) >> 1
+                        if g[mid] == hs[mid]:
+                            lo = mid + 1
+                        else:
+                            hi = mid
+                    e = lo
+                r.a = e
+                if e < b:
+                    roots[g[e]] = r
+                j = e
             if m < n:
                 lru.update(dict.fromkeys(hs[m:n]))
                 self._hold(self._marks(hs, m, n), replica_id)
