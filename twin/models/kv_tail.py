@@ -136,9 +136,16 @@ class TailQueue:
         shared = self.shared
         # The blocks with other holders too, when they lead the request's blocks: prefix hits on blocks that
         # running requests hold (a tenant's system prompt), which come first in ``blocks``. (In the fleet
-        # benchmark at 0.0625x they lead in every release that has any: ~50 of ~131 blocks.)
-        m = len(list(takewhile(shared.__contains__, blocks))) if shared else 0
-        if nb - m > 8 and ncb >= nb - 1 and (not shared or shared.isdisjoint(islice(blocks, m, None))):
+        # benchmark at 0.0625x they lead in every release that has any: ~50 of ~131 blocks.) ``alone``: no block
+        # after those has another holder either.
+        if not shared:
+            m, alone = 0, True
+        elif not self.dups:
+            m, alone = _leading(shared, blocks), True  # (they can only lead: see _leading)
+        else:
+            m = len(list(takewhile(shared.__contains__, blocks)))
+            alone = shared.isdisjoint(islice(blocks, m, None))
+        if nb - m > 8 and ncb >= nb - 1 and alone:
             # The usual case: the request is the only holder of each of its blocks past those ``m``, and only
             # its last block may be unregistered (``num_cached_blocks`` counts the registered ones, by hash or
             # lazily). The loop below would lose one holder of each of the ``m`` (none of them its last), put the
@@ -262,3 +269,30 @@ class TailQueue:
                 else:
                     runs.append(e)
         self.runs = runs
+
+
+def _leading(shared: set[int], blocks: list[int]) -> int:
+    """How many of a request's blocks lead it with another holder, while no hash has two cached copies
+    (``BlockPool.dups`` empty): its blocks with another holder are then a prefix of ``blocks``, so a bisection
+    finds where it ends.
+
+    Why: another holder of the request's block i took it by a prefix hit (of the request's block, or the request
+    took its), and a hit takes the cached block of every hash before i too. Either that is the request's own
+    block j for each j < i (then it has another holder as well), or a second copy with the same hash, which the
+    other holder still holds, as the request holds its own: two held, registered copies, one of them in ``dups``
+    (a held block keeps its hash; only a pop of a free block drops it, and a lookup materialises the lazily
+    registered copies under its keys first, ``_flush``). ``tests/test_kv_release_shared.py`` checks the prefix
+    at every release of random drives and of a fleet run."""
+    n = len(blocks)
+    if not n or blocks[0] not in shared:
+        return 0
+    if blocks[n - 1] in shared:
+        return n
+    lo, hi = 1, n - 1
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if blocks[mid] in shared:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
