@@ -106,8 +106,10 @@ def drive(ops, *, capacity: int, ttl: float | None, stride: int, dense: int) -> 
             assert fast.size(r) == len(ref.lru.get(r, ()))
             assert fast.lru_items(r) == list(ref.lru.get(r, {}).items())  # same LRU order
         marked = {r: ref.marked.get(r, set()) for r in REPLICAS}
+        for bh in prompts:  # holds: block k of each prompt seen, against the reference's LRU
+            for k, h in enumerate(bh):
+                assert [fast.holds(r, bh, k) for r in REPLICAS] == [h in ref.lru.get(r, {}) for r in REPLICAS]
         for h in seen:  # the holders of each marked block are the replicas that hold it marked, by brute force
-            assert all(fast.holds(r, h) == (h in ref.lru.get(r, {})) for r in REPLICAS)
             held_by = sorted(r for r in REPLICAS if h in marked[r])
             assert sorted(fast.holders_at((h,), 0)) == held_by
             assert len(fast.holders_at((h,), 0)) == len(held_by)  # no replica twice
@@ -155,7 +157,8 @@ def test_holds_is_false_only_for_blocks_not_held() -> None:
     idx.record("r0", a, 0.0)
     idx.record("r1", b, 0.0)
     assert idx.match_many(("r0", "r1", "r2"), chained([1, 2, 3, 7]), 1.0) == [3, 2, 0]
-    assert idx.holds("r0", a[3]) and not idx.holds("r1", a[3]) and not idx.holds("r2", a[0])
+    assert idx.holds("r0", a, 3) and not idx.holds("r1", a, 3) and not idx.holds("r2", a, 0)
+    assert idx.holds("r1", a, 1) and not idx.holds("r1", a, 2)
 
 
 def test_holders_follow_records_evictions_expiries_and_forgets() -> None:

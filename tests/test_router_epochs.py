@@ -53,7 +53,7 @@ def with_tokens(r: ReplicaSnapshot, tokens: int) -> ReplicaSnapshot:
 def unexpired(index, now: float) -> dict[str, list[tuple[int, float]]]:
     """Each replica's LRU entries, in LRU order, less those past the TTL at ``now``."""
     ttl = index.ttl_s
-    kept = {rid: [(h, t) for h, t in index.lru_items(rid) if ttl is None or now - t <= ttl] for rid in index._lru}
+    kept = {rid: [(h, t) for h, t in index.lru_items(rid) if ttl is None or now - t <= ttl] for rid in index.replicas()}
     return {rid: entries for rid, entries in kept.items() if entries}
 
 

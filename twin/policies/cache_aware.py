@@ -228,14 +228,13 @@ class LlmDScorerRouter(_PrefixIndexRouter):
         # equal to it with a larger replica_id. One k for all (from the highest queue + kv) is picked by a
         # float estimate; the test is the exact expression, and a candidate that fails it or holds block
         # k in its index goes to the exact loop below.
-        lrus = index._lru  # ApproxPrefixIndex.holds inlined: this pass visits every candidate
         if pw and t.size > _ONE_PASS_MIN:
             k = min(max(math.ceil((best_total - (t.max_bound - pw)) / pw * n_blocks) - 1, 0), n_blocks - 1)
             at_k = pw * (k / n_blocks)
-            h = hashes[k]
+            holds = index.holder_test(hashes, k)
             live = [i for i in range(n) if bounds[i] >= best_total and i != first
                     and ((s := at_k + queue[i] + kv[i]) > best_total or (s == best_total and ids[i] < best_id)
-                         or h in lrus.get(ids[i], ()))]
+                         or holds(ids[i]))]
         else:
             live = [i for i in range(n) if bounds[i] >= best_total and i != first]
         return self._exact(live, t, hashes, match, best_total, best_id)
@@ -243,11 +242,11 @@ class LlmDScorerRouter(_PrefixIndexRouter):
     def _exact(self, live: list[int], t: ScorerTerms, hashes: Sequence[int], match: Callable[[str], int],
                best_total: float, best_id: str) -> str:
         """The best of ``best_id`` (totalling ``best_total``) and the candidates at positions ``live``, each
-        matched only if one lookup does not rule it out."""
+        matched only if one test of a block does not rule it out."""
         pw = self.params.prefix_weight
         n_blocks = len(hashes)
         ids, queue, kv, bounds = t.ids, t.queue, t.kv, t.bounds
-        lrus = self.index._lru  # ApproxPrefixIndex.holds inlined
+        holder_test = self.index.holder_test
         # descending bound; equal bounds keep the candidates' replica_id order (a reverse sort is stable)
         for i in sorted(live, key=bounds.__getitem__, reverse=True):
             if bounds[i] < best_total:
@@ -255,7 +254,7 @@ class LlmDScorerRouter(_PrefixIndexRouter):
             rid = ids[i]
             a, b = queue[i], kv[i]
             if pw:
-                # A tighter bound for one lookup: if block k is not held there, the match stops at or
+                # A tighter bound for one test: if block k is not held there, the match stops at or
                 # before it, so the total is at most t(k). k is picked as the largest count whose total
                 # may lose to the best (the float estimate only picks k; the test is exact).
                 k = min(max(math.ceil((best_total - a - b) / pw * n_blocks) - 1, 0), n_blocks - 1)
@@ -267,8 +266,7 @@ class LlmDScorerRouter(_PrefixIndexRouter):
                     while k + 1 < n_blocks and ((s := pw * ((k + 1) / n_blocks) + a + b) < best_total
                                                 or (s == best_total and rid > best_id)):
                         k += 1
-                    lru = lrus.get(rid)
-                    if lru is None or hashes[k] not in lru:
+                    if not holder_test(hashes, k)(rid):
                         continue
             total = pw * (match(rid) / n_blocks) + a + b
             if total > best_total or (total == best_total and rid < best_id):
@@ -357,7 +355,7 @@ class DynamoKvCostRouter(_PrefixIndexRouter):
             best_cost = w * (prompt_blocks - min(match(best_id), prompt_blocks)) + decode[first]
         # ascending bound; equal bounds keep the candidates' replica_id order (the sort is stable)
         order = sorted(range(len(candidates)), key=bounds.__getitem__)
-        lrus = index._lru  # ApproxPrefixIndex.holds inlined, as in LlmDScorerRouter._best
+        holder_test = index.holder_test
         for i in order:
             if bounds[i] > best_cost:
                 break
@@ -369,12 +367,11 @@ class DynamoKvCostRouter(_PrefixIndexRouter):
                 cost = w * prompt_blocks + d  # nothing to match: cached is 0
             else:
                 if w and best_cost < math.inf:
-                    # one lookup: without block k the match stops at or before it (k picked by a float
+                    # one test: without block k the match stops at or before it (k picked by a float
                     # estimate; the pruning test is the exact expression)
                     k = min(math.ceil(prompt_blocks - (best_cost - d) / w) - 1, most - 1)
                     if k >= 0 and w * (prompt_blocks - k) + d > best_cost:
-                        lru = lrus.get(rid)
-                        if lru is None or hashes[k] not in lru:
+                        if not holder_test(hashes, k)(rid):
                             continue
                 cost = w * (prompt_blocks - min(match(rid), prompt_blocks)) + d
             if cost < best_cost or (cost == best_cost and rid < best_id):

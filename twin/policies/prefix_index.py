@@ -36,27 +36,32 @@ class ApproxPrefixIndex:
     relies on it throughout:
 
     - *A replica's LRU holds a prefix of any prompt.* Each record that held block k held blocks 0..k-1 too and
-      used them after k (recorded leaf first), so they leave the LRU after it, by capacity or by age. A match
-      (the leading blocks held) is therefore a binary search, not a scan.
+      used them after k (recorded leaf first), so they leave the LRU after it, by capacity or by age.
     - *The LRU is kept as runs of blocks, not block by block.* A record appends one run (``_Run``: its prompt's
       blocks, all last used now) at the most recent end. The blocks it takes from older runs are the ones it
       shares with their prompts, a leading range of each (the chain), so an older run only shortens at its root
       end; capacity and age take blocks off the least recent run's leaf end. Each replica keeps its runs in LRU
-      order (``_runs``, emptied runs left in place until they reach the front), a plain dict of the blocks it
-      holds for membership (``_lru``: the scorer's one-lookup test), and its live runs by their root block's hash
-      (``_roots``), which is how a record finds the runs it shortens: the held blocks of the new prompt lie in
-      runs rooted at block 0, then where the one before stops holding them (``record``). Per record that is one
-      lookup and a bisection per shortened run, where a block-by-block LRU moved every block of the prompt
-      (~114 at the fleet's peak, ~66 of them already there) in a table of millions: ~40 % of the index's time
-      on records captured from the fleet benchmark (docs/performance.md, round 17). The LRU order, sizes,
-      matches and holders are those of the block-by-block LRU (``tests/test_prefix_index.py`` drives both).
+      order (``_runs``, emptied runs left in place until they reach the front), its live runs by their root
+      block's hash (``_roots``) and a count of its blocks; nothing is stored per block.
+    - *A match walks runs.* The held blocks of a prompt lie in a run rooted at block 0, which holds them up to
+      where its own prompt parts from the new one (a bisection) or it ends, then in the run rooted at that
+      block, and so on (``_held``): usually one or two runs (a tenant's system prompt, the session's own
+      history), a small map's lookup and a bisection each. A record walks the same runs and shortens them; a
+      test of one block (``holder_test``, the scorer's) walks them up to that block.
+
+    Per record that is a lookup and a bisection per run it shortens, and an eviction changes a run's bounds:
+    a block-by-block LRU moved every block of the prompt (~114 at the fleet's peak, ~66 of them already there)
+    in a table of millions (~40 % of the index's time on records captured from the fleet benchmark,
+    docs/performance.md round 17), and a dict of every held block, kept for the scorer's one-lookup test, cost
+    an insertion per new block and a deletion per evicted one (round 18). The LRU order, sizes, matches and
+    holders are those of the block-by-block LRU (``tests/test_prefix_index.py`` drives both).
 
     Beside the LRUs it keeps an inverse for the scorer: which replicas may hold block k of a prompt
     (``holders_at``), so a router can find the few replicas that may hold it without asking every
     candidate's LRU. It is kept only for the *marked* positions: every block below position ``holder_dense``
     and every ``holder_stride``-th one after it. A replica's LRU that holds block k also holds every block
     before it (above), so the holders of the marked block at or before k are a superset of block k's, and
-    the scorer tests each of them with one lookup in its LRU. Keeping the inverse for every block cost more
+    the scorer tests each of them (``holder_test``). Keeping the inverse for every block cost more
     than the rest of the index together (a global map of every LRU's blocks: one cache miss per block
     recorded or evicted, ~48 of them per record at the fleet's peak). The first blocks are all marked because
     that is where a superset would cost the scorer most: a session's first turn is a shared system prompt and
@@ -79,9 +84,9 @@ class ApproxPrefixIndex:
         self.ttl_s = ttl_s
         self.holder_stride = holder_stride
         self.holder_dense = holder_dense
-        # per replica: the blocks its LRU holds (values unused), its runs least recent first (emptied ones
-        # included until they reach the front), and its live runs by their root block's hash
-        self._lru: dict[str, dict[int, None]] = {}
+        # per replica: how many blocks its LRU holds, its runs least recent first (emptied ones included until
+        # they reach the front), and its live runs by their root block's hash
+        self._size: dict[str, int] = {}
         self._runs: dict[str, deque[_Run]] = {}
         self._roots: dict[str, dict[int, _Run]] = {}
         # marked block hash -> the replica_id whose LRU holds it, or a set of two or more
@@ -98,9 +103,9 @@ class ApproxPrefixIndex:
         engine evicts a freed request's blocks from the tail. ``block_hashes`` is kept (by reference) while
         any of its blocks is in the LRU: pass an immutable sequence.
         """
-        lru = self._lru.get(replica_id)
-        if lru is None:
-            lru = self._lru[replica_id] = {}
+        size = self._size.get(replica_id)
+        if size is None:
+            size = 0
             runs = self._runs[replica_id] = deque()
             roots = self._roots[replica_id] = {}
         else:
@@ -109,16 +114,15 @@ class ApproxPrefixIndex:
         hs = block_hashes
         n = len(hs)
         if n:
-            m = _held(lru, hs)
-            # The runs holding blocks 0..m-1, in order: each holds a range of its own prompt's blocks from its
-            # root, so the run holding block j of hs (j = 0 first) has its root at j (a run rooted before j would
-            # hold block j - 1 too, which the run before holds), and holds hs's blocks up to e, where its prompt
-            # parts from hs or it ends (or m); the next one is rooted at e. One lookup a run, not one a block.
+            # The runs holding the prompt's leading blocks, in order (``_held``'s walk): each gives up the blocks
+            # it shares with hs to the new run, so it keeps its blocks from where its prompt parts from hs on.
             j = 0
-            while j < m:
-                r = roots.pop(hs[j])
+            while j < n:
+                r = roots.pop(hs[j], None)
+                if r is None:
+                    break
                 g, b = r.hashes, r.b
-                e = m if m < b else b  # it gives up g[j:e]: the blocks it shares with hs (below m)
+                e = n if n < b else b
                 if g[e - 1] != hs[e - 1]:
                     lo, hi = j + 1, e - 1  # (g[j] == hs[j]: the first position where they differ)
                     while lo < hi:
@@ -132,9 +136,9 @@ class ApproxPrefixIndex:
                 if e < b:
                     roots[g[e]] = r
                 j = e
-            if m < n:
-                lru.update(dict.fromkeys(hs[m:n]))
-                self._hold(self._marks(hs, m, n), replica_id)
+            if j < n:  # blocks j..n-1 are new to the replica
+                size += n - j
+                self._hold(self._marks(hs, j, n), replica_id)
             r = _Run(hs, 0, n, now_s)
             runs.append(r)
             roots[hs[0]] = r
@@ -143,11 +147,12 @@ class ApproxPrefixIndex:
                 # all here, so an LRU that is neither full nor aged (the same prompt recorded over and over)
                 # does not keep every run it ever had
                 runs = self._runs[replica_id] = deque(r for r in runs if r.a < r.b)
-        over = len(lru) - self.capacity_blocks
+        self._size[replica_id] = size
+        over = size - self.capacity_blocks
         if over > 0:
-            self._evict(replica_id, lru, runs, roots, over)
+            self._evict(replica_id, runs, roots, over)
         if self.ttl_s is not None:
-            self._expire(replica_id, lru, now_s)
+            self._expire(replica_id, now_s)
 
     def match_blocks(self, replica_id: str, block_hashes: Sequence[int], now_s: float) -> int:
         """How many leading blocks of the prompt the index believes are cached on ``replica_id``."""
@@ -161,23 +166,57 @@ class ApproxPrefixIndex:
     def matcher(self, block_hashes: Sequence[int], now_s: float) -> Callable[[str], int]:
         """``replica_id -> match_blocks(replica_id, block_hashes, now_s)``, for a router that matches only
         some candidates; ``match_many`` calls it for every candidate."""
-        lrus, expire, ttl = self._lru, self._expire, self.ttl_s
+        all_roots, expire, ttl = self._roots, self._expire, self.ttl_s
 
         def match(replica_id: str) -> int:
-            lru = lrus.get(replica_id)
-            if not lru:
+            roots = all_roots.get(replica_id)
+            if not roots:
                 return 0
             if ttl is not None:
-                expire(replica_id, lru, now_s)
-            return _held(lru, block_hashes)
+                expire(replica_id, now_s)
+            return _held(roots, block_hashes)
 
         return match
 
-    def holds(self, replica_id: str, block_hash: int) -> bool:
-        """False only when ``block_hash`` is surely not in ``replica_id``'s LRU, so a match there stops
-        before it (True may still be an entry past its TTL, which a match would expire first)."""
-        lru = self._lru.get(replica_id)
-        return lru is not None and block_hash in lru
+    def holds(self, replica_id: str, block_hashes: Sequence[int], k: int) -> bool:
+        """False only when block ``k`` of the chain ``block_hashes`` is surely not in ``replica_id``'s LRU, so a
+        match there stops before it (True may still be an entry past its TTL, which a match would expire
+        first)."""
+        return self.holder_test(block_hashes, k)(replica_id)
+
+    def holder_test(self, block_hashes: Sequence[int], k: int) -> Callable[[str], bool]:
+        """``replica_id -> holds(replica_id, block_hashes, k)``, for a router that asks it of several replicas.
+
+        A walk of the runs holding the prompt's leading blocks, as a match's (``_held``), that stops at the
+        one holding block k: usually one or two runs (the shared system prompt's, the session's own)."""
+        all_roots, hs = self._roots, block_hashes
+
+        def test(replica_id: str) -> bool:
+            roots = all_roots.get(replica_id)
+            if not roots:
+                return False
+            j = 0
+            while True:
+                r = roots.get(hs[j])
+                if r is None:
+                    return False
+                g, b = r.hashes, r.b
+                u = k + 1 if k < b else b  # it holds hs[j:u] unless their prompts part first
+                if g[u - 1] == hs[u - 1]:
+                    if u > k:
+                        return True
+                    j = u
+                    continue
+                lo, hi = j + 1, u - 1
+                while lo < hi:
+                    mid = (lo + hi) >> 1
+                    if g[mid] == hs[mid]:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                j = lo
+
+        return test
 
     def holders_at(self, block_hashes: Sequence[int], k: int) -> Collection[str]:
         """Every replica whose LRU may hold block ``k`` of the chain ``block_hashes`` (entries past their TTL
@@ -199,16 +238,18 @@ class ApproxPrefixIndex:
         return k if k < self.holder_dense else k - k % self.holder_stride
 
     def forget(self, replica_id: str) -> None:
-        lru = self._lru.pop(replica_id, None)
-        runs = self._runs.pop(replica_id, ())
+        self._size.pop(replica_id, None)
         self._roots.pop(replica_id, None)
-        if lru:
-            for r in runs:
-                if r.a < r.b:
-                    self._unhold_marks(replica_id, r.hashes, r.a, r.b)
+        for r in self._runs.pop(replica_id, ()):
+            if r.a < r.b:
+                self._unhold_marks(replica_id, r.hashes, r.a, r.b)
 
     def size(self, replica_id: str) -> int:
-        return len(self._lru.get(replica_id, ()))
+        return self._size.get(replica_id, 0)
+
+    def replicas(self) -> list[str]:
+        """The replicas this index has recorded to and not forgotten (for tests and inspection)."""
+        return list(self._runs)
 
     def lru_items(self, replica_id: str) -> list[tuple[int, float]]:
         """``replica_id``'s LRU as (block hash, last used), least recent first (for tests and inspection)."""
@@ -265,9 +306,10 @@ class ApproxPrefixIndex:
         for h in self._marks(hashes, a, b):
             unhold(h, replica_id)
 
-    def _evict(self, replica_id: str, lru: dict[int, None], runs: deque[_Run], roots: dict[int, _Run],
-               over: int) -> None:
-        """Take the ``over`` least recently used blocks out of ``replica_id``'s LRU (and the holder map)."""
+    def _evict(self, replica_id: str, runs: deque[_Run], roots: dict[int, _Run], over: int) -> None:
+        """Take the ``over`` least recently used blocks out of ``replica_id``'s LRU (and the holder map): off
+        the leaf end of the least recent runs, nothing stored per block."""
+        self._size[replica_id] -= over
         while over:
             r = runs[0]
             a, b = r.a, r.b
@@ -276,8 +318,6 @@ class ApproxPrefixIndex:
                 continue
             c = b - over if b - over > a else a
             hs = r.hashes
-            for h in hs[c:b]:
-                del lru[h]
             self._unhold_marks(replica_id, hs, c, b)
             over -= b - c
             if c == a:
@@ -286,7 +326,7 @@ class ApproxPrefixIndex:
             else:
                 r.b = c
 
-    def _expire(self, replica_id: str, lru: dict[int, None], now_s: float) -> None:
+    def _expire(self, replica_id: str, now_s: float) -> None:
         """Take the blocks last used more than ``ttl_s`` before ``now_s`` out of the LRU."""
         runs = self._runs[replica_id]
         while runs and runs[0].a == runs[0].b:  # (emptied runs at the front go here, so a check reads one run)
@@ -298,22 +338,30 @@ class ApproxPrefixIndex:
                     break
                 n += r.b - r.a
         if n:
-            self._evict(replica_id, lru, runs, self._roots[replica_id], n)
+            self._evict(replica_id, runs, self._roots[replica_id], n)
 
 
-def _held(lru: dict[int, None], hashes: Sequence[int]) -> int:
-    """How many leading blocks of ``hashes`` ``lru`` holds: the held ones are a prefix (see ApproxPrefixIndex), so
-    a bisection finds where it ends."""
+def _held(roots: dict[int, _Run], hashes: Sequence[int]) -> int:
+    """How many leading blocks of ``hashes`` a replica's LRU holds, given its live runs by root (see
+    ApproxPrefixIndex): the run holding block 0 is rooted there and holds the prompt's blocks up to where its
+    own prompt parts from it (a bisection) or it ends; the run holding the next block is rooted at that one,
+    and so on until no run is. Usually one or two runs (a shared system prompt's, the session's own)."""
     n = len(hashes)
-    if not n or hashes[0] not in lru:
-        return 0
-    if hashes[n - 1] in lru:
-        return n
-    lo, hi = 1, n - 1
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if hashes[mid] in lru:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
+    j = 0
+    while j < n:
+        r = roots.get(hashes[j])
+        if r is None:
+            return j
+        g, b = r.hashes, r.b
+        e = n if n < b else b
+        if g[e - 1] != hashes[e - 1]:
+            lo, hi = j + 1, e - 1
+            while lo < hi:
+                mid = (lo + hi) >> 1
+                if g[mid] == hashes[mid]:
+                    lo = mid + 1
+                else:
+                    hi = mid
+            e = lo
+        j = e
+    return n

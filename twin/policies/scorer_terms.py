@@ -219,8 +219,8 @@ def kept_live(t: ScorerTerms, index: ApproxPrefixIndex, hashes: Sequence[int], m
     pw * (k / n)``); so it may win only if ``t(k)`` beats the best (is larger, or equal with a smaller
     replica_id) or its index holds block k. Any k gives an exact filter; k only moves work between the two
     tests. The holders of block k come from the index's holders map (no lookup per candidate): it lists a
-    superset (``ApproxPrefixIndex.holders_at``), so each candidate it lists is tested with one lookup in its
-    LRU, and the filter's sets are exactly those of block k's holders (the choice of k below reads the
+    superset (``ApproxPrefixIndex.holders_at``), so each candidate it lists is tested exactly
+    (``ApproxPrefixIndex.holder_test``), and the filter's sets are exactly those of block k's holders (the choice of k below reads the
     superset's size, which moves only work).
     The ``t(k)`` test runs over ``runs(t)`` in descending bound order, one test per run, and stops where
     no later run can pass it: ``t`` and the bound are the same two additions from ``at_k <= pw``, so in
@@ -239,7 +239,6 @@ def kept_live(t: ScorerTerms, index: ApproxPrefixIndex, hashes: Sequence[int], m
     bound order, and for the best's own run only below its replica_id.
     """
     ids, queue, kv, bounds, n = t.ids, t.queue, t.kv, t.bounds, len(hashes)
-    lrus = index._lru  # ApproxPrefixIndex.holds inlined: the exact test for the replicas holders_at lists
     best_id, m_best = ids[first], m_first
     best_total = pw * (m_first / n) + queue[first] + kv[first]
     second = -1
@@ -250,9 +249,8 @@ def kept_live(t: ScorerTerms, index: ApproxPrefixIndex, hashes: Sequence[int], m
     # that holds it (-1: none, or not looked for)
     k1, lacking, holder = k, -1, -1
     if len(held) > FEW_HOLDERS:
-        h = hashes[k]
         holder = _first_holder(t, held, first, stamp=index.holders_stamp(hashes, k),
-                               holds=lambda rid: h in lrus[rid])
+                               holds=index.holder_test(hashes, k))
         lacking = math.inf if holder < 0 else rank[holder]
         if holder >= 0 and bounds[holder] >= best_total:
             second = holder
@@ -273,12 +271,12 @@ def kept_live(t: ScorerTerms, index: ApproxPrefixIndex, hashes: Sequence[int], m
     # over a large fleet has many holders outside this list)
     order = t.order
     top = bisect_right(order, -best_total, key=lambda i: -bounds[i])  # type: ignore[arg-type]
-    h = hashes[k]
+    holds = index.holder_test(hashes, k)  # the exact test for the replicas holders_at lists
     if top < len(held):
-        live = {i for i in islice(order, top) if ids[i] in held and h in lrus[ids[i]]}  # type: ignore[arg-type]
+        live = {i for i in islice(order, top) if ids[i] in held and holds(ids[i])}  # type: ignore[arg-type]
     else:
         live = {i for i in map(pos.get, held)  # type: ignore[union-attr]
-                if i is not None and bounds[i] >= best_total and h in lrus[ids[i]]}
+                if i is not None and bounds[i] >= best_total and holds(ids[i])}
     at_k, at_k1 = pw * (k / n), pw * (k1 / n)
     drop, drop1, floor = pw - at_k, pw - at_k1, best_total - t.margin
     rs = runs(t)
