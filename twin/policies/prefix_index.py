@@ -124,14 +124,7 @@ class ApproxPrefixIndex:
                 g, b = r.hashes, r.b
                 e = n if n < b else b
                 if g[e - 1] != hs[e - 1]:
-                    lo, hi = j + 1, e - 1  # (g[j] == hs[j]: the first position where they differ)
-                    while lo < hi:
-                        mid = (lo + hi) >> 1
-                        if g[mid] == hs[mid]:
-                            lo = mid + 1
-                        else:
-                            hi = mid
-                    e = lo
+                    e = _parting(g, hs, j + 1, e - 1)
                 r.a = e
                 if e < b:
                     roots[g[e]] = r
@@ -202,19 +195,12 @@ class ApproxPrefixIndex:
                     return False
                 g, b = r.hashes, r.b
                 u = k + 1 if k < b else b  # it holds hs[j:u] unless their prompts part first
-                if g[u - 1] == hs[u - 1]:
-                    if u > k:
-                        return True
+                if g[u - 1] != hs[u - 1]:
+                    j = _parting(g, hs, j + 1, u - 1)
+                elif u > k:
+                    return True
+                else:
                     j = u
-                    continue
-                lo, hi = j + 1, u - 1
-                while lo < hi:
-                    mid = (lo + hi) >> 1
-                    if g[mid] == hs[mid]:
-                        lo = mid + 1
-                    else:
-                        hi = mid
-                j = lo
 
         return test
 
@@ -354,14 +340,17 @@ def _held(roots: dict[int, _Run], hashes: Sequence[int]) -> int:
             return j
         g, b = r.hashes, r.b
         e = n if n < b else b
-        if g[e - 1] != hashes[e - 1]:
-            lo, hi = j + 1, e - 1
-            while lo < hi:
-                mid = (lo + hi) >> 1
-                if g[mid] == hashes[mid]:
-                    lo = mid + 1
-                else:
-                    hi = mid
-            e = lo
-        j = e
+        j = e if g[e - 1] == hashes[e - 1] else _parting(g, hashes, j + 1, e - 1)
     return n
+
+
+def _parting(g: Sequence[int], hs: Sequence[int], lo: int, hi: int) -> int:
+    """Where two chains part: the first position in ``lo..hi`` at which ``g`` and ``hs`` differ, given that they
+    agree at ``lo - 1`` and differ at ``hi`` (a chain that differs at a position differs at every later one)."""
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if g[mid] == hs[mid]:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
