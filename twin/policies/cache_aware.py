@@ -246,7 +246,7 @@ class LlmDScorerRouter(_PrefixIndexRouter):
         pw = self.params.prefix_weight
         n_blocks = len(hashes)
         ids, queue, kv, bounds = t.ids, t.queue, t.kv, t.bounds
-        holder_test = self.index.holder_test
+        holds = self.index.holds
         # descending bound; equal bounds keep the candidates' replica_id order (a reverse sort is stable)
         for i in sorted(live, key=bounds.__getitem__, reverse=True):
             if bounds[i] < best_total:
@@ -266,7 +266,7 @@ class LlmDScorerRouter(_PrefixIndexRouter):
                     while k + 1 < n_blocks and ((s := pw * ((k + 1) / n_blocks) + a + b) < best_total
                                                 or (s == best_total and rid > best_id)):
                         k += 1
-                    if not holder_test(hashes, k)(rid):
+                    if not holds(rid, hashes, k):
                         continue
             total = pw * (match(rid) / n_blocks) + a + b
             if total > best_total or (total == best_total and rid < best_id):
@@ -355,7 +355,7 @@ class DynamoKvCostRouter(_PrefixIndexRouter):
             best_cost = w * (prompt_blocks - min(match(best_id), prompt_blocks)) + decode[first]
         # ascending bound; equal bounds keep the candidates' replica_id order (the sort is stable)
         order = sorted(range(len(candidates)), key=bounds.__getitem__)
-        holder_test = index.holder_test
+        holds = index.holds
         for i in order:
             if bounds[i] > best_cost:
                 break
@@ -371,7 +371,7 @@ class DynamoKvCostRouter(_PrefixIndexRouter):
                     # estimate; the pruning test is the exact expression)
                     k = min(math.ceil(prompt_blocks - (best_cost - d) / w) - 1, most - 1)
                     if k >= 0 and w * (prompt_blocks - k) + d > best_cost:
-                        if not holder_test(hashes, k)(rid):
+                        if not holds(rid, hashes, k):
                             continue
                 cost = w * (prompt_blocks - min(match(rid), prompt_blocks)) + d
             if cost < best_cost or (cost == best_cost and rid < best_id):

@@ -47,7 +47,7 @@ class ApproxPrefixIndex:
       where its own prompt parts from the new one (a bisection) or it ends, then in the run rooted at that
       block, and so on (``_held``): usually one or two runs (a tenant's system prompt, the session's own
       history), a small map's lookup and a bisection each. A record walks the same runs and shortens them; a
-      test of one block (``holder_test``, the scorer's) walks them up to that block.
+      test of one block (``holds``, ``holder_test``: the scorer's) walks them up to that block.
 
     Per record that is a lookup and a bisection per run it shortens, and an eviction changes a run's bounds:
     a block-by-block LRU moved every block of the prompt (~114 at the fleet's peak, ~66 of them already there)
@@ -174,33 +174,17 @@ class ApproxPrefixIndex:
     def holds(self, replica_id: str, block_hashes: Sequence[int], k: int) -> bool:
         """False only when block ``k`` of the chain ``block_hashes`` is surely not in ``replica_id``'s LRU, so a
         match there stops before it (True may still be an entry past its TTL, which a match would expire
-        first)."""
-        return self.holder_test(block_hashes, k)(replica_id)
+        first). The match's walk (``_held``), stopped at block k."""
+        roots = self._roots.get(replica_id)
+        return bool(roots) and _held(roots, block_hashes, k + 1) > k
 
     def holder_test(self, block_hashes: Sequence[int], k: int) -> Callable[[str], bool]:
-        """``replica_id -> holds(replica_id, block_hashes, k)``, for a router that asks it of several replicas.
-
-        A walk of the runs holding the prompt's leading blocks, as a match's (``_held``), that stops at the
-        one holding block k: usually one or two runs (the shared system prompt's, the session's own)."""
-        all_roots, hs = self._roots, block_hashes
+        """``replica_id -> holds(replica_id, block_hashes, k)``, for a router that asks it of several replicas."""
+        all_roots, hs, upto = self._roots, block_hashes, k + 1
 
         def test(replica_id: str) -> bool:
             roots = all_roots.get(replica_id)
-            if not roots:
-                return False
-            j = 0
-            while True:
-                r = roots.get(hs[j])
-                if r is None:
-                    return False
-                g, b = r.hashes, r.b
-                u = k + 1 if k < b else b  # it holds hs[j:u] unless their prompts part first
-                if g[u - 1] != hs[u - 1]:
-                    j = _parting(g, hs, j + 1, u - 1)
-                elif u > k:
-                    return True
-                else:
-                    j = u
+            return bool(roots) and _held(roots, hs, upto) > k
 
         return test
 
@@ -327,12 +311,13 @@ class ApproxPrefixIndex:
             self._evict(replica_id, runs, self._roots[replica_id], n)
 
 
-def _held(roots: dict[int, _Run], hashes: Sequence[int]) -> int:
-    """How many leading blocks of ``hashes`` a replica's LRU holds, given its live runs by root (see
-    ApproxPrefixIndex): the run holding block 0 is rooted there and holds the prompt's blocks up to where its
-    own prompt parts from it (a bisection) or it ends; the run holding the next block is rooted at that one,
-    and so on until no run is. Usually one or two runs (a shared system prompt's, the session's own)."""
-    n = len(hashes)
+def _held(roots: dict[int, _Run], hashes: Sequence[int], n: int | None = None) -> int:
+    """How many leading blocks of ``hashes`` (of its first ``n``, if given) a replica's LRU holds, given its live runs
+    by root (see ApproxPrefixIndex): the run holding block 0 is rooted there and holds the prompt's blocks up to
+    where its own prompt parts from it (a bisection) or it ends; the run holding the next block is rooted at that
+    one, and so on until no run is. Usually one or two runs (a shared system prompt's, the session's own)."""
+    if n is None:
+        n = len(hashes)
     j = 0
     while j < n:
         r = roots.get(hashes[j])
