@@ -220,8 +220,8 @@ def kept_live(t: ScorerTerms, index: ApproxPrefixIndex, hashes: Sequence[int], m
     replica_id) or its index holds block k. Any k gives an exact filter; k only moves work between the two
     tests. The holders of block k come from the index's holders map (no lookup per candidate): it lists a
     superset (``ApproxPrefixIndex.holders_at``), so each candidate it lists is tested exactly
-    (``ApproxPrefixIndex.holder_test``), and the filter's sets are exactly those of block k's holders (the choice of k below reads the
-    superset's size, which moves only work).
+    (``ApproxPrefixIndex.holder_test``), and the filter's sets are exactly those of block k's holders (the choice
+    of k below reads the superset's size, which moves only work).
     The ``t(k)`` test runs over ``runs(t)`` in descending bound order, one test per run, and stops where
     no later run can pass it: ``t`` and the bound are the same two additions from ``at_k <= pw``, so in
     exact arithmetic ``t == bound - (pw - at_k)``, and in floats the few roundings (each at most 2**-53 of
