@@ -35,3 +35,18 @@ def test_growing_from_two_blocks_changes_nothing_in_the_lazy_pools_side_by_side(
     invariants compared after every event) with both pools starting from two blocks, so they grow many times."""
     monkeypatch.setattr(kv, "_FIRST_CAP", 2)
     lazy_side_by_side.test_lazy_registration_matches_eager(seed)
+
+
+def test_pools_hand_out_the_same_int_objects_for_the_same_block_ids() -> None:
+    """A fleet's pools share one int object per block id (``kv._block_ids``): ids past 256 are not cached by
+    CPython, and one object per block of every pool was ~1.5 GB at the full fleet."""
+    a = BlockPool(num_blocks=5_000, block_size=16, enable_prefix_caching=True, max_model_len=100_000)
+    b = BlockPool(num_blocks=9_000, block_size=16, enable_prefix_caching=True, max_model_len=100_000)
+    got_a: list[int] = []
+    got_b: list[int] = []
+    a._pop_free(3_000, got_a)
+    b._pop_free(1_000, got_b)
+    b._pop_free(7_999, got_b)  # (the shared list grows as pools need more ids)
+    assert got_a == list(range(1, 3_001)) and got_b == list(range(1, 9_000))
+    assert all(x is y for x, y in zip(got_a, got_b))
+    assert got_b[-1] is kv._block_ids(8_999, 9_000)[0]
