@@ -21,7 +21,8 @@ as cached by an entry per run of a request's blocks (no hash, nothing stored per
 (docs/engine.md, "Speed by design"; tests/test_kv_lazy.py, tests/test_kv_runs.py).
 
 Memory note: a pool whose blocks are all cached holds ``cached`` (hash -> block) and the hashes
-themselves for the blocks materialised; those dominate what is left (~11 MB for 87k blocks, all hashed).
+themselves for the blocks materialised; those dominate what is left (~11 MB for 87k blocks, all hashed). Block ids
+are int objects shared by every pool (``_block_ids``), not one per block of each.
 """
 
 from __future__ import annotations
