@@ -50,3 +50,4 @@ def test_pools_hand_out_the_same_int_objects_for_the_same_block_ids() -> None:
     assert got_a == list(range(1, 3_001)) and got_b == list(range(1, 9_000))
     assert all(x is y for x, y in zip(got_a, got_b))
     assert got_b[-1] is kv._block_ids(8_999, 9_000)[0]
+    assert kv._BLOCK_IDS == list(range(len(kv._BLOCK_IDS)))  # id k at index k, however it grew

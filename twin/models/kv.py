@@ -27,6 +27,7 @@ are int objects shared by every pool (``_block_ids``), not one per block of each
 
 from __future__ import annotations
 
+import threading
 from array import array
 from collections import OrderedDict, deque
 from typing import TYPE_CHECKING
@@ -49,12 +50,15 @@ _FIRST_CAP = 4096  # blocks the per-block arrays cover before a pool's first _gr
 # cached small ints, so ``range`` made a new object per block of every pool (a fleet of 540 pools of ~87k blocks:
 # ~47M ints, ~1.5 GB, each read wherever its block is, a cache miss when cold); shared, they are one per id.
 _BLOCK_IDS: list[int] = []
+_BLOCK_IDS_GROW = threading.Lock()  # runs in threads (the dashboard's sessions) must not both extend it
 
 
 def _block_ids(a: int, b: int) -> list[int]:
     """Ids ``a .. b - 1`` as the shared int objects."""
     if b > len(_BLOCK_IDS):
-        _BLOCK_IDS.extend(range(len(_BLOCK_IDS), b))
+        with _BLOCK_IDS_GROW:
+            if b > len(_BLOCK_IDS):
+                _BLOCK_IDS.extend(range(len(_BLOCK_IDS), b))
     return _BLOCK_IDS[a:b]
 
 
