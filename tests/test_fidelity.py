@@ -15,6 +15,7 @@ from twin.calibration.fidelity import (
     EXACT_ITEMS,
     TOLERANCE_ITEMS,
     fidelity,
+    format_table,
     mean_deviation,
     spread,
     workload_key,
@@ -152,3 +153,32 @@ def test_bad_input_exits_2(tmp_path: Path) -> None:
     out = tmp_path / "f.json"
     assert main(["fidelity", "--profile", PROFILE, str(broken), "--json", str(out)]) == 2
     assert not out.exists()
+
+
+def test_a_server_runs_step_count_is_judged_with_the_repeats_spread_and_its_composition_only_reported() -> None:
+    """On a server the engine batches what has arrived when a step starts, so the step count and composition
+    follow timing (the two recordings of server-poisson-low differ in both): the step count is a tolerance item
+    widened by the repeats' spread, the composition is reported and not counted; an offline run's stay exact."""
+    rec_dir = REPO_ROOT / "tests" / "fixtures" / "recorded"
+    runs = [rec_dir / "server-poisson-low", rec_dir / "server-poisson-low-rep2", RUN]
+    rep = fidelity(runs, profile=PROFILE)
+    steps_real = [len(load_recorded_run(p).iterations) for p in runs[:2]]
+    assert steps_real[0] != steps_real[1]  # the repeats themselves differ
+    for run in rep["runs"][:2]:
+        assert run["mode"] == "server" and run["repeats"] == 2
+        steps, comp = run["items"]["steps"], run["items"]["composition"]
+        assert steps["kind"] == "tolerance" and isinstance(steps["real"], int) and isinstance(steps["twin"], int)
+        assert steps["spread"] == pytest.approx(max(steps_real) / min(steps_real) - 1)
+        assert steps["tolerance"] == max(0.10, steps["spread"])
+        assert steps["rel_error"] == pytest.approx(steps["twin"] / steps["real"] - 1)
+        assert steps["pass"] == (abs(steps["rel_error"]) <= steps["tolerance"])
+        assert comp["kind"] == "reported" and comp["pass"] is None and isinstance(comp["identical"], bool)
+        for name in ("preemptions", "prefix_cache_hits"):
+            assert run["items"][name]["kind"] == "exact"
+    offline = rep["runs"][2]["items"]
+    assert offline["steps"]["kind"] == offline["composition"]["kind"] == "exact"
+    assert offline["composition"]["pass"] is True
+    judged = [it for r in rep["runs"] for it in r["items"].values() if it["pass"] is not None]
+    assert rep["summary"]["items"] == len(judged) == 3 * len(EXACT_ITEMS) + 3 * len(TOLERANCE_ITEMS) - 2
+    text = format_table(rep)
+    assert "timing" in text and f"{rep['summary']['items']} items" in text

@@ -9,7 +9,9 @@ Each run is replayed twice with the engine settings of its own run.json: with th
 (scheduling and latency accounting alone, no step-time model). Items:
 
 * exact: step count, step composition, preemptions, prefix-cache hits. These do not depend on the machine
-  for offline runs; server runs' composition depends on arrival timing, so it is reported but seldom exact.
+  for offline runs. A server run's engine batches what has arrived when a step starts, so its step count and
+  composition follow the arrival and step timing (its repeats differ in them too): there the step count is a
+  tolerance item and the composition is reported (``kind: reported``) and not judged.
 * tolerance: TTFT, ITL, TPOT and E2E p50/p90, output throughput, step-time sum (model execution only, the
   per-step overhead excluded on both sides). The tolerance is 10 % unless the same workload was recorded
   more than once among the runs given and the real values of that item spread wider between repeats.
@@ -55,6 +57,8 @@ TOLERANCE_ITEMS: dict[str, tuple[str, float, str]] = {
     "output_tokens_per_s": ("output tok/s", 1.0, ""),
     "step_time_sum_s": ("step-time sum", 1.0, "s"),
 }
+# a server run's items that follow arrival and step timing (``_server_timed_item``)
+SERVER_TIMED_ITEMS = ("steps", "composition")
 EXACT_ITEMS: dict[str, str] = {
     "steps": "steps",
     "composition": "composition",
@@ -186,6 +190,51 @@ def _replay_both(rec: RecordedRun, profile: str, overhead_s: float, overhead_in_
     return _RunReplays(rec=rec, prof=prof, recd=recd)
 
 
+def _tolerance_item(real: float | None, twin: float | None, reals: Sequence[float | None],
+                    twin_recorded: float | None, tolerance: float) -> dict[str, Any]:
+    """One item judged within max(``tolerance``, the run-to-run spread of ``reals``, the item's real values over the
+    repeats of its workload, itself included), with the stricter rule beside it."""
+    err = _rel(twin, real)
+    sp = spread(reals) if len(reals) > 1 else None
+    tol = max(tolerance, sp) if sp is not None else tolerance
+    md = mean_deviation(reals) if len(reals) > 1 else None
+    tol_strict = max(tolerance, md) if md is not None else tolerance
+    mean_real = float(np.mean(_finite(reals))) if md is not None else None
+    err_mean = _rel(mean_real, real)
+    err_r = _rel(twin_recorded, real)
+    return {
+        "kind": "tolerance", "real": real, "twin": twin, "rel_error": err, "tolerance": tol, "spread": sp,
+        "pass": None if err is None else bool(abs(err) <= tol),
+        "twin_recorded_steps": twin_recorded, "rel_error_recorded_steps": err_r,
+        "pass_recorded_steps": None if err_r is None else bool(abs(err_r) <= tol),
+        "mean_deviation": md, "tolerance_strict": tol_strict,
+        "pass_strict": None if err is None else bool(abs(err) <= tol_strict),
+        "mean_of_repeats_pass_strict": None if err_mean is None else bool(abs(err_mean) <= tol_strict),
+    }
+
+
+def _server_timed_item(name: str, rp: _RunReplays, repeats: Sequence[_RunReplays], tolerance: float) -> dict[str, Any]:
+    """A server run's step count or composition. On a server the engine batches what has arrived when a step
+    starts, so both follow the arrival and step timing (the repeats of one workload differ in them too): the step
+    count is judged like a latency item (tolerance and spread), the composition is reported and not judged."""
+    if name == "steps":
+        item = _tolerance_item(float(rp.prof["exact_real"]["steps"]), float(rp.prof["exact_twin"]["steps"]),
+                               [float(r.prof["exact_real"]["steps"]) for r in repeats],
+                               _as_float(rp.recd.get("exact_twin", {}).get("steps")), tolerance)
+        item["real"], item["twin"] = rp.prof["exact_real"]["steps"], rp.prof["exact_twin"]["steps"]
+        item["twin_recorded_steps"] = rp.recd.get("exact_twin", {}).get("steps")
+        return item
+    return {"kind": "reported", "real": rp.prof["exact_real"][name], "twin": rp.prof["exact_twin"][name],
+            "rel_error": None, "tolerance": None, "spread": None, "pass": None,
+            "identical": rp.prof["exact_match"][name],
+            "twin_recorded_steps": rp.recd.get("exact_twin", {}).get(name), "pass_recorded_steps": None,
+            "identical_recorded_steps": rp.recd.get("exact_match", {}).get(name)}
+
+
+def _as_float(x: Any) -> float | None:
+    return None if x is None else float(x)
+
+
 def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float = DEFAULT_TOLERANCE,
              noise: bool | None = None, noise_seed: int = 0) -> dict[str, Any]:
     """The fidelity report (a JSON-ready dict) of ``profile`` on the recorded runs ``run_dirs``. ``noise``: the
@@ -208,9 +257,13 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
         rec = rp.rec
         key = workload_key(rec)
         members = groups[key]
+        server_mode = rec.run.mode == "server"
         items: dict[str, Any] = {}
         for name in EXACT_ITEMS:
             if name not in rp.prof["exact_match"]:
+                continue
+            if server_mode and name in SERVER_TIMED_ITEMS:
+                items[name] = _server_timed_item(name, rp, [replays[j] for j in members], tolerance)
                 continue
             match = rp.prof["exact_match"][name]
             items[name] = {
@@ -221,26 +274,9 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
                 "pass_recorded_steps": rp.recd.get("exact_match", {}).get(name),
             }
         for name in TOLERANCE_ITEMS:
-            real, twin = rp.prof["real"][name], rp.prof["twin"][name]
-            err = _rel(twin, real)
             reals = [replays[j].prof["real"][name] for j in members]
-            sp = spread(reals) if len(members) > 1 else None
-            tol = max(tolerance, sp) if sp is not None else tolerance
-            md = mean_deviation(reals) if len(members) > 1 else None
-            tol_strict = max(tolerance, md) if md is not None else tolerance
-            mean_real = float(np.mean(_finite(reals))) if md is not None else None
-            err_mean = _rel(mean_real, real)
-            twin_r = rp.recd.get("twin", {}).get(name)
-            err_r = _rel(twin_r, real)
-            items[name] = {
-                "kind": "tolerance", "real": real, "twin": twin, "rel_error": err, "tolerance": tol, "spread": sp,
-                "pass": None if err is None else bool(abs(err) <= tol),
-                "twin_recorded_steps": twin_r, "rel_error_recorded_steps": err_r,
-                "pass_recorded_steps": None if err_r is None else bool(abs(err_r) <= tol),
-                "mean_deviation": md, "tolerance_strict": tol_strict,
-                "pass_strict": None if err is None else bool(abs(err) <= tol_strict),
-                "mean_of_repeats_pass_strict": None if err_mean is None else bool(abs(err_mean) <= tol_strict),
-            }
+            items[name] = _tolerance_item(rp.prof["real"][name], rp.prof["twin"][name], reals,
+                                          rp.recd.get("twin", {}).get(name), tolerance)
         entry = {"run": str(rec.path), "name": rec.path.name, "mode": rec.run.mode, "requests": len(rec.requests),
                  "workload_key": key, "repeats": len(members), "items": items}
         if rec.run.mode == "server" and prof.spec.server is not None:
@@ -318,6 +354,11 @@ def format_table(report: dict[str, Any]) -> str:
         rep = f", {r['repeats']} repeats" if r["repeats"] > 1 else ""
         lines += ["", f"{r['name']} ({r['mode']}, {r['requests']} requests{rep})", head]
         for name, it in r["items"].items():
+            if it["kind"] == "reported":  # a server run's composition: follows arrival timing, not judged
+                twin = "identical" if it["identical"] else "differs"
+                twin_r = "identical" if it["identical_recorded_steps"] else "differs"
+                lines.append(f"  {'composition':<16}{'':>11}{twin:>11}{'':>9}{'-':>7}{'':>8}  {'timing':<8}{twin_r:>11}")
+                continue
             if it["kind"] == "exact":
                 if name == "composition":
                     twin = "identical" if it["pass"] else "differs"
@@ -330,7 +371,7 @@ def format_table(report: dict[str, Any]) -> str:
                 lines.append(f"  {EXACT_ITEMS[name]:<16}{_fmt(it['real'], 1):>11}{_fmt(it['twin'], 1):>11}{'':>9}"
                              f"{'exact':>7}{'':>8}  {_verdict(it['pass']):<8}{_fmt(it['twin_recorded_steps'], 1):>11}")
                 continue
-            label, scale, unit = TOLERANCE_ITEMS[name]
+            label, scale, unit = TOLERANCE_ITEMS.get(name) or (EXACT_ITEMS[name], 1.0, "")
             lab = f"{label} ({unit})" if unit else label
             sp = "-" if it["spread"] is None else f"{it['spread']:.0%}"
             lines.append(f"  {lab:<16}{_fmt(it['real'], scale):>11}{_fmt(it['twin'], scale):>11}{_pct(it['rel_error']):>9}"
@@ -343,7 +384,9 @@ def format_table(report: dict[str, Any]) -> str:
     s = report["summary"]
     lines += ["", "twin = replay with the profile's step times (verdict); twin* = replay with the recorded step "
                   "times + the profile's overhead (server runs: + the server front end; their steps do not line up "
-                  "with the recording's, so step i's recorded time goes to a differently composed step).",
+                  "with the recording's, so step i's recorded time goes to a differently composed step). "
+                  "A server run's steps and composition follow arrival and step timing: its step count is judged "
+                  "with a tolerance, its composition is reported (verdict `timing`) and not judged.",
               f"{s['passed']} of {s['items']} items pass, {s['failed']} fail."]
     st = s.get("strict")
     if st is not None and st["repeated_items"]:
