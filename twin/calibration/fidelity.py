@@ -357,7 +357,8 @@ def format_table(report: dict[str, Any]) -> str:
             if it["kind"] == "reported":  # a server run's composition: follows arrival timing, not judged
                 twin = "identical" if it["identical"] else "differs"
                 twin_r = "identical" if it["identical_recorded_steps"] else "differs"
-                lines.append(f"  {'composition':<16}{'':>11}{twin:>11}{'':>9}{'-':>7}{'':>8}  {'timing':<8}{twin_r:>11}")
+                lines.append(f"  {'composition':<16}{'':>11}{twin:>11}{'':>9}{'-':>7}{'':>8}  "
+                             f"{'timing':<8}{twin_r:>11}")
                 continue
             if it["kind"] == "exact":
                 if name == "composition":
