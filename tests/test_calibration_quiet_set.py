@@ -27,13 +27,15 @@ INTERLEAVED3 = QUIET.parent / "cpu-tiny-llama-interleaved3"  # the same, 70 minu
 INTERLEAVED4 = QUIET.parent / "cpu-tiny-llama-interleaved4"  # the same, two hours later, on a later tree
 FRESHHOST = QUIET.parent / "cpu-tiny-llama-freshhost"  # the same on a new machine, vLLM installed by the command
 FRESHHOST2 = QUIET.parent / "cpu-tiny-llama-freshhost2"  # the same on a second new machine (Intel), a day later
+FRESHHOST2_REPEAT = QUIET.parent / "cpu-tiny-llama-freshhost2-repeat"  # the same again, right after it
 
 
 @pytest.mark.parametrize("root", [QUIET, QUIET2, WARM, WARM2, PINNED_BUSY, PINNED_QUIET, PROBE, PROBE2, INTERLEAVED,
-                                  INTERLEAVED2, INTERLEAVED3, INTERLEAVED4, FRESHHOST, FRESHHOST2],
+                                  INTERLEAVED2, INTERLEAVED3, INTERLEAVED4, FRESHHOST, FRESHHOST2,
+                                  FRESHHOST2_REPEAT],
                          ids=["quiet", "quiet2", "warm", "warm2", "pinned-busy", "pinned-quiet", "probe", "probe2",
                               "interleaved", "interleaved2", "interleaved3", "interleaved4", "freshhost",
-                              "freshhost2"])
+                              "freshhost2", "freshhost2-repeat"])
 def test_the_committed_profile_is_the_fit_of_the_committed_sweep(root: Path) -> None:
     runs = sorted(p for p in (root / "calibration").iterdir() if (p / "run.json").exists())
     assert len(runs) == 9
@@ -83,9 +85,10 @@ def test_the_committed_fidelity_table_is_what_fidelity_gives() -> None:
     (PROBE, None, "fidelity-held-out.json", 157, 69), (PROBE2, None, "fidelity-held-out.json", 154, 69),
     (INTERLEAVED, None, "fidelity-held-out.json", 159, 71), (INTERLEAVED2, None, "fidelity-held-out.json", 113, 43),
     (INTERLEAVED3, None, "fidelity-held-out.json", 160, 72), (INTERLEAVED4, None, "fidelity-held-out.json", 157, 69),
-    (FRESHHOST, None, "fidelity-held-out.json", 156, 69), (FRESHHOST2, None, "fidelity-held-out.json", 159, 71)],
+    (FRESHHOST, None, "fidelity-held-out.json", 156, 69), (FRESHHOST2, None, "fidelity-held-out.json", 159, 71),
+    (FRESHHOST2_REPEAT, None, "fidelity-held-out.json", 147, 62)],
     ids=["quiet2", "quiet2-no-noise", "warm", "warm2", "pinned-busy", "pinned-quiet", "probe", "probe2", "interleaved",
-         "interleaved2", "interleaved3", "interleaved4", "freshhost", "freshhost2"])
+         "interleaved2", "interleaved3", "interleaved4", "freshhost", "freshhost2", "freshhost2-repeat"])
 def test_the_four_repeat_sessions_tables_are_what_fidelity_gives(root: Path, noise: bool | None, name: str,
                                                                  passed: int, latency_passed: int) -> None:
     """The second quiet set and the warm-server set: four repeats recorded back to back after their own sweep
