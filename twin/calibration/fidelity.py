@@ -218,8 +218,8 @@ def _server_timed_item(name: str, rp: _RunReplays, repeats: Sequence[_RunReplays
     starts, so both follow the arrival and step timing (the repeats of one workload differ in them too): the step
     count is judged like a latency item (tolerance and spread), the composition is reported and not judged."""
     if name == "steps":
-        item = _tolerance_item(float(rp.prof["exact_real"]["steps"]), float(rp.prof["exact_twin"]["steps"]),
-                               [float(r.prof["exact_real"]["steps"]) for r in repeats],
+        reals = [float(r.prof["exact_real"]["steps"]) for r in repeats if "steps" in r.prof["exact_real"]]
+        item = _tolerance_item(float(rp.prof["exact_real"]["steps"]), float(rp.prof["exact_twin"]["steps"]), reals,
                                _as_float(rp.recd.get("exact_twin", {}).get("steps")), tolerance)
         item["real"], item["twin"] = rp.prof["exact_real"]["steps"], rp.prof["exact_twin"]["steps"]
         item["twin_recorded_steps"] = rp.recd.get("exact_twin", {}).get("steps")
