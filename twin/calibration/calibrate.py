@@ -56,6 +56,7 @@ from twin.engine_profiles.profile import (
     ModelShape,
     Provenance,
     ServerFrontEnd,
+    StepTimeCoefficients,
 )
 from twin.calibration.regimes import (
     TRIM_FLOOR_RATIO,
@@ -331,7 +332,7 @@ def calibrate(run_dirs: Sequence[str | Path], *, name: str, command: str, genera
     label = source_label or (lambda p: str(p))
     generated_on = generated_on or dt.datetime.now(dt.UTC).date().isoformat()
     server = fit_server(server_recs, command=command, generated_on=generated_on, source_label=label,
-                        options=options) if server_recs else None
+                        options=options, offline=coefficients) if server_recs else None
     if server is not None:
         refused += server.refused
     q25, q50, q75 = np.percentile(per_step, [25, 50, 75])
@@ -363,6 +364,30 @@ def calibrate(run_dirs: Sequence[str | Path], *, name: str, command: str, genera
 
 
 
+def _scaled_offline(offline: StepTimeCoefficients, shapes: Sequence[StepShape], elapsed: np.ndarray, *,
+                    overhead_s: float, exclude: np.ndarray | None) -> tuple[StepTimeCoefficients, np.ndarray, float]:
+    """Server step time as ``offline``'s decode and prefill terms times one factor: the median of measured over
+    predicted model time on the steps with both positive (the first steps left out where ``exclude`` marks them).
+    The engine core runs the same model on either side of the API server; what differs on a server is the host's
+    speed during the run and the front end (fitted apart), and one factor from ~2,000 steps is better conditioned
+    than five terms from two runs. Returns the coefficients (overhead = ``overhead_s``, no first-step term), the steps
+    used and the factor."""
+    pred = predict_model_s(offline, shapes)
+    keep = (elapsed > 0) & (pred > 0)
+    if exclude is not None:
+        keep &= ~exclude
+    if not keep.any():
+        raise CalibrationError("cannot scale the offline regimes: no server step with a positive duration")
+    scale = float(np.median(elapsed[keep] / pred[keep]))
+
+    def times(c):  # every term of a regime is a time: scale them all
+        return type(c)(**{k: v * scale for k, v in c.model_dump().items()})
+
+    coefficients = StepTimeCoefficients(overhead_s=overhead_s, decode=times(offline.decode),
+                                        prefill=times(offline.prefill))
+    return coefficients, keep, scale
+
+
 @dataclass
 class ServerFit:
     front_end: ServerFrontEnd
@@ -371,13 +396,16 @@ class ServerFit:
 
 
 def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
-               source_label: Callable[[Path], str], options: FitOptions = FitOptions()) -> ServerFit:
+               source_label: Callable[[Path], str], options: FitOptions = FitOptions(),
+               offline: StepTimeCoefficients | None = None) -> ServerFit:
     """The profile's ``server`` section from server-mode runs (``twin.calibration.server`` says how).
 
     Per-step front-end time: ``fit_front_end`` (non-negative least squares) of the client-side gap between
     consecutive streaming steps of a busy engine (less the later step's recorded model time) on ``[1, chunks]``. Server step time:
     ``robust_fit`` of the reconstructed step shapes against ``elapsed_ms`` with that base as the overhead.
     Arrival time: the value consistent with most requests' arrival bounds, pooled over the runs.
+    With ``options.server_scaled_offline`` the step time is ``offline``'s regimes times one factor instead
+    (``_scaled_offline``).
     """
     steps: list[ServerSteps] = []
     used: list[RecordedRun] = []
@@ -398,16 +426,24 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
     elapsed = np.concatenate([s.elapsed_s for s in steps])
     lengths = [len(s.shapes) for s in steps]
     firsts = _first_steps(lengths) if options.first_step else None
-    try:
-        fit, keep = robust_fit(shapes, elapsed, overhead_s=float(base_s), exclude=firsts, options=options,
-                               runs=_run_index(lengths))
-    except ValueError as exc:
-        raise CalibrationError(f"cannot fit the server step-time regimes: {exc}") from exc
+    if options.server_scaled_offline:
+        if offline is None:
+            raise CalibrationError("server_scaled_offline needs the offline fit's coefficients")
+        coefficients, keep, scale = _scaled_offline(offline, shapes, elapsed, overhead_s=float(base_s), exclude=firsts)
+        regime_note = (f"Step regimes: the offline fit's terms times {scale:.4f}, the median of measured / offline-"
+                       f"predicted model time over {int(keep.sum())} of {keep.size} steps (server_scaled_offline)")
+    else:
+        try:
+            fit, keep = robust_fit(shapes, elapsed, overhead_s=float(base_s), exclude=firsts, options=options,
+                                   runs=_run_index(lengths))
+        except ValueError as exc:
+            raise CalibrationError(f"cannot fit the server step-time regimes: {exc}") from exc
+        coefficients = fit.coefficients
+        regime_note = f"Step regimes: relative-error NNLS without {int((~keep).sum())} of {keep.size} outlier steps"
     bounds = [arrival_bounds(r, s, front_end_s=base_s) for r, s in zip(used, steps, strict=True)]
     lower = np.concatenate([lo for lo, _ in bounds])
     upper = np.concatenate([hi for _, hi in bounds])
     arrival_s, consistent = fit_arrival_s(lower, upper)
-    coefficients = fit.coefficients
     first_note = ""
     if options.first_step:  # the first request sent: its first token, from its send plus the arrival time
         excess = []
@@ -430,8 +466,7 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
         f"{np.max(gaps) * 1e3:.1f} ms; residual RMS {np.sqrt(np.mean(resid ** 2)) * 1e3:.3f} ms). "
         f"Arrival: {arrival_s * 1e3:.1f} ms is within "
         f"the bounds of {consistent} of {upper.size} requests (upper bound median {np.median(upper) * 1e3:.1f} ms). "
-        f"Step regimes: relative-error NNLS without {int((~keep).sum())} of {keep.size} outlier steps; fit_quality "
-        f"on every step with a positive duration." + first_note
+        f"{regime_note}; fit_quality on every step with a positive duration." + first_note
     )
     if refused:
         notes += " Refused: " + " | ".join(refused)

@@ -30,7 +30,9 @@ class FitOptions:
     (``DecodeCoefficients.single_request_s`` / ``per_context_token_sq_s`` / ``batch_change_s``; ``fit_step_time``).
     ``run_levels``: no new term; each run gets its own speed level while the coefficients are fitted
     (``robust_fit``), so a difference in the host's speed between two runs is not read as a difference between
-    their step shapes; the profile keeps the runs' average level."""
+    their step shapes; the profile keeps the runs' average level. ``server_scaled_offline``: the server section's
+    step-time regimes are the offline fit's terms times one factor fitted on the server runs' steps (``fit_server``)
+    instead of regimes of their own, which two server runs leave poorly conditioned."""
 
     prefill_per_request: bool = False
     first_step: bool = False
@@ -38,6 +40,7 @@ class FitOptions:
     decode_context_sq: bool = False
     decode_batch_change: bool = False
     run_levels: bool = False
+    server_scaled_offline: bool = False
 
 
 TRIM_MADS = 3.0  # outlier threshold in scaled median absolute deviations of log(measured / fitted)
