@@ -28,14 +28,15 @@ INTERLEAVED4 = QUIET.parent / "cpu-tiny-llama-interleaved4"  # the same, two hou
 FRESHHOST = QUIET.parent / "cpu-tiny-llama-freshhost"  # the same on a new machine, vLLM installed by the command
 FRESHHOST2 = QUIET.parent / "cpu-tiny-llama-freshhost2"  # the same on a second new machine (Intel), a day later
 FRESHHOST2_REPEAT = QUIET.parent / "cpu-tiny-llama-freshhost2-repeat"  # the same again, right after it
+FRESHHOST3 = QUIET.parent / "cpu-tiny-llama-freshhost3"  # the same on a third new machine (AMD), the same evening
 
 
 @pytest.mark.parametrize("root", [QUIET, QUIET2, WARM, WARM2, PINNED_BUSY, PINNED_QUIET, PROBE, PROBE2, INTERLEAVED,
                                   INTERLEAVED2, INTERLEAVED3, INTERLEAVED4, FRESHHOST, FRESHHOST2,
-                                  FRESHHOST2_REPEAT],
+                                  FRESHHOST2_REPEAT, FRESHHOST3],
                          ids=["quiet", "quiet2", "warm", "warm2", "pinned-busy", "pinned-quiet", "probe", "probe2",
                               "interleaved", "interleaved2", "interleaved3", "interleaved4", "freshhost",
-                              "freshhost2", "freshhost2-repeat"])
+                              "freshhost2", "freshhost2-repeat", "freshhost3"])
 def test_the_committed_profile_is_the_fit_of_the_committed_sweep(root: Path) -> None:
     runs = sorted(p for p in (root / "calibration").iterdir() if (p / "run.json").exists())
     assert len(runs) == 9
@@ -86,9 +87,11 @@ def test_the_committed_fidelity_table_is_what_fidelity_gives() -> None:
     (INTERLEAVED, None, "fidelity-held-out.json", 159, 71), (INTERLEAVED2, None, "fidelity-held-out.json", 113, 43),
     (INTERLEAVED3, None, "fidelity-held-out.json", 160, 72), (INTERLEAVED4, None, "fidelity-held-out.json", 157, 69),
     (FRESHHOST, None, "fidelity-held-out.json", 156, 69), (FRESHHOST2, None, "fidelity-held-out.json", 159, 71),
-    (FRESHHOST2_REPEAT, None, "fidelity-held-out.json", 147, 62)],
+    (FRESHHOST2_REPEAT, None, "fidelity-held-out.json", 147, 62),
+    (FRESHHOST3, None, "fidelity-held-out.json", 156, 68)],
     ids=["quiet2", "quiet2-no-noise", "warm", "warm2", "pinned-busy", "pinned-quiet", "probe", "probe2", "interleaved",
-         "interleaved2", "interleaved3", "interleaved4", "freshhost", "freshhost2", "freshhost2-repeat"])
+         "interleaved2", "interleaved3", "interleaved4", "freshhost", "freshhost2", "freshhost2-repeat",
+         "freshhost3"])
 def test_the_four_repeat_sessions_tables_are_what_fidelity_gives(root: Path, noise: bool | None, name: str,
                                                                  passed: int, latency_passed: int) -> None:
     """The second quiet set and the warm-server set: four repeats recorded back to back after their own sweep
