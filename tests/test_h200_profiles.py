@@ -14,6 +14,7 @@ import pytest
 from twin.engine_profiles import load_profile
 from twin.engine_profiles.step import StepShape
 from twin.paths import shared_dir
+from profilekit import assert_step_time_close
 
 pytestmark = pytest.mark.skipif(not (shared_dir() / "calibration/raw").is_dir(),
                                 reason="needs ../shared calibration data")
@@ -147,15 +148,6 @@ def test_derive_cli_h200_custom_shape(tmp_path) -> None:
     assert not [c for c in spec.checks if "splitwise" in c.name or "argonne" in c.name]  # H100 figures only
 
 
-def _close(a, b) -> bool:
-    """Two dumped models equal, their floats within a relative 1e-9."""
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
-    if isinstance(a, float) and isinstance(b, float):
-        return a == pytest.approx(b, rel=1e-9, abs=1e-18)
-    return a == b
-
-
 def test_derive_from_your_own_measured_runs(tmp_path) -> None:
     """``--ops RUN_DIR...`` derives for the GPU the runs were measured on: the shipped H200 runs reproduce the
     shipped H200 coefficients, the hardware comes from the manifest, and a folder without ops.csv exits 2."""
@@ -167,10 +159,8 @@ def test_derive_from_your_own_measured_runs(tmp_path) -> None:
                       "--ops", *runs, "--gpus-per-node", "4", "--price-per-gpu-hour", "3.1", "--out", str(out)])
     assert rc == 0
     mine, shipped = load_profile(str(out)).spec, load_profile("llama3-70b-fp8-tp4-h200").spec
-    # the same fit to the last few digits: the least squares' rounding follows the machine's BLAS kernels (an AMD
-    # EPYC host gave coefficients a few ULP from the shipped file's), so equal within 1e-9, not bit for bit
-    assert _close(mine.step_time.model_dump(), shipped.step_time.model_dump())
-    assert _close(mine.memory.model_dump(), shipped.memory.model_dump())
+    assert_step_time_close(mine.step_time.model_dump(mode="json"), shipped.step_time.model_dump(mode="json"))
+    assert mine.memory == shipped.memory
     assert mine.name == "llama3-70b-fp8-tp4-nvidia-h200"
     assert (mine.hardware.name, mine.hardware.gpu_memory_bytes) == ("NVIDIA H200", 150_109_880_320)
     assert (mine.hardware.gpus_per_node, mine.hardware.price_per_gpu_hour_usd) == (4, 3.1)
