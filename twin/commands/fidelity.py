@@ -20,6 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--noise", action=argparse.BooleanOptionalAction, default=None,
                    help="profile replays draw each step's time from the profile's fitted step_time_noise "
                         "(default: on when the profile has that table; --no-noise: deterministic; docs/calibration.md)")
+    p.add_argument("--draws", type=int, default=1,
+                   help="with noise: replay each run with this many noise draws and judge their median "
+                        "(default 1: one draw, the table as before)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,5 +35,5 @@ def run(args: argparse.Namespace) -> int:
         print("twin fidelity: --tolerance must be a positive fraction", file=sys.stderr)
         return 2
     return print_report("fidelity", lambda: fidelity(args.run_dirs, profile=args.profile, tolerance=args.tolerance,
-                                                     noise=args.noise),
+                                                     noise=args.noise, draws=args.draws),
                         format_table, args.json, (RecordedRunError, UnknownProfileError, ValueError, OSError))
