@@ -188,18 +188,17 @@ def _over_draws(draws: list[dict[str, Any]]) -> dict[str, Any]:
 def _replay_both(rec: RecordedRun, profile: str, overhead_s: float, overhead_in_log_s: float, *,
                  noise: bool | None = None, noise_seed: int = 0, draws: int = 1) -> _RunReplays:
     server = server_front_end(rec, profile)
+    if server is None:
+        acct: dict[str, float] = {"overhead_s": overhead_s, "overhead_in_log_s": overhead_in_log_s}
+    else:  # the server front end's per-step base is the model's overhead, so the log already leaves it out
+        fe = server.step_time.overhead_s
+        acct = {"overhead_s": fe, "overhead_in_log_s": fe, "per_chunk_s": server.per_chunk_s}
     each = []
     for k in range(draws):
         res_p = replay(rec, profile=profile, step_times="profile", noise=noise, noise_seed=noise_seed + k)
         if not res_p.ok:
             raise RuntimeError(f"{rec.path}: the profile replay failed: {res_p.manifest['exception']}")
-        if server is None:
-            each.append(_values(rec, res_p, compare(rec, res_p), overhead_s=overhead_s,
-                                overhead_in_log_s=overhead_in_log_s))
-        else:  # the server front end's per-step base is the model's overhead, so the log already leaves it out
-            fe = server.step_time.overhead_s
-            each.append(_values(rec, res_p, compare(rec, res_p), overhead_s=fe, overhead_in_log_s=fe,
-                                per_chunk_s=server.per_chunk_s))
+        each.append(_values(rec, res_p, compare(rec, res_p), **acct))
     prof = each[0] if draws == 1 else _over_draws(each)
     recd: dict[str, Any] = {}
     if rec.iterations is not None and len(rec.iterations) > 0:
@@ -210,9 +209,7 @@ def _replay_both(rec: RecordedRun, profile: str, overhead_s: float, overhead_in_
             res_r = replay(rec, profile=profile, step_times="recorded")
             if not res_r.ok:
                 raise RuntimeError(f"{rec.path}: the recorded-step replay failed: {res_r.manifest['exception']}")
-            fe = server.step_time.overhead_s
-            recd = _values(rec, res_r, compare(rec, res_r), overhead_s=fe, overhead_in_log_s=fe,
-                           per_chunk_s=server.per_chunk_s)
+            recd = _values(rec, res_r, compare(rec, res_r), **acct)
     return _RunReplays(rec=rec, prof=prof, recd=recd, draws=[d["twin"] for d in each] if draws > 1 else None)
 
 
@@ -273,7 +270,8 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
     if draws < 1:
         raise ValueError("draws must be at least 1")
     prof = load_profile(profile)
-    if draws > 1 and not (noise if noise is not None else prof.spec.step_time_noise is not None):
+    noisy = noise if noise is not None else prof.spec.step_time_noise is not None
+    if draws > 1 and not noisy:
         raise ValueError(f"{draws} draws need step-time noise: the profile replay is deterministic without it "
                          f"({'--no-noise' if noise is False else 'the profile has no step_time_noise'})")
     model = prof.step_time_model()
@@ -327,7 +325,7 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
     return {
         "profile": profile, "profile_name": prof.name, "default_tolerance": tolerance,
         "overhead_s": overhead_s, "runs": runs,
-        "step_time_noise": noise if noise is not None else prof.spec.step_time_noise is not None,
+        "step_time_noise": noisy,
         **({"noise_draws": draws} if draws > 1 else {}),
         "server_front_end": None if sv is None else {
             "arrival_s": sv.arrival_s, "per_step_s": sv.step_time.overhead_s, "per_chunk_s": sv.per_chunk_s},
