@@ -106,8 +106,8 @@ def _paired_se(base: dict[str, Any], cur: dict[str, Any]) -> float | None:
     n = len(d)
     if n < 2:
         return 0.0
-    m = sum(d) / n
-    return math.sqrt(sum((x - m) ** 2 for x in d) / (n - 1) / n)
+    m = math.fsum(d) / n
+    return math.sqrt(math.fsum((x - m) ** 2 for x in d) / (n - 1) / n)
 
 
 def baseline_path(folder: Path, scenario: str, policy: str) -> Path:

@@ -3,6 +3,8 @@ rejections by reason, GPU-hours and dollars per million output tokens."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -118,7 +120,7 @@ def fleet_summary(world, reqs: pa.Table, *, end_s: float, wall_s: float, slo) ->
         s["by_class"][name] = {"arrived": int(mine.sum()), "completed": int((mine & completed).sum()),
                                "ttft_s": distribution(ttft[np.isfinite(ttft)])}
     gpus = world.gpus
-    gpu_hours = sum(world.model_info[h.model]["tp"] * (((h.removed_s if h.removed_s is not None else end_s)
+    gpu_hours = math.fsum(world.model_info[h.model]["tp"] * (((h.removed_s if h.removed_s is not None else end_s)
                                                         - h.started_s) / 3600.0) for h in world.handles)
     price = [i["price"] for i in world.model_info.values() if i["price"]]
     usd_per_gpu_hour = float(price[0]) if price else None

@@ -120,10 +120,10 @@ def mean_ci(values: list[float]) -> tuple[float, float, float, int]:
     n = len(v)
     if n == 0:
         return math.nan, math.nan, math.nan, 0
-    m = sum(v) / n
+    m = math.fsum(v) / n
     if n == 1:
         return m, math.nan, math.nan, 1
-    sd = math.sqrt(sum((x - m) ** 2 for x in v) / (n - 1))
+    sd = math.sqrt(math.fsum((x - m) ** 2 for x in v) / (n - 1))
     return m, t975(n - 1) * sd / math.sqrt(n), sd, n
 
 

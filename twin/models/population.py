@@ -111,8 +111,8 @@ def surge_factor(t_s: float, traffic: PopulationTraffic) -> float:
         if s.tenant is None:
             f *= _one_surge(t_s, s)
     if any(s.tenant is not None for s in traffic.surges):
-        base = sum(t.share for t in traffic.tenants)
-        f *= sum(tenant_weights(t_s, traffic)) / base if base > 0 else 1.0
+        base = math.fsum(t.share for t in traffic.tenants)
+        f *= math.fsum(tenant_weights(t_s, traffic)) / base if base > 0 else 1.0
     return f
 
 

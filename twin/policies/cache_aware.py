@@ -321,7 +321,7 @@ class DynamoKvCostRouter(_PrefixIndexRouter):
         norm = [c / top if top > 0 else 0.0 for c in costs]
         lo = min(norm)
         weights = [math.exp(-(x - lo) / self.params.temperature) for x in norm]
-        u = self.rng.random() * sum(weights)
+        u = self.rng.random() * math.fsum(weights)
         acc = 0.0
         pick = len(candidates) - 1
         for i, w in enumerate(weights):
