@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import platform
 import resource
 import sys
+import sysconfig
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +18,22 @@ def peak_rss_mb() -> float:
 
 
 _last_cpu_s = 0.0
+
+
+def interpreter() -> str:
+    """The Python running the benchmark, as a row records it: version, whether the interpreter's code is in a
+    shared ``libpython`` (pyenv's default build) or in the executable (Debian's ``/usr/bin/python3``), and
+    whether configure had ``--enable-optimizations`` (PGO). The same code ran ~10-17 % slower on this machine's
+    shared, unoptimised pyenv build than on Debian's static one (docs/performance.md, round 22), so figures
+    from different interpreters are not compared as if they were one."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as f:
+            shared = "libpython" in f.read()
+    except OSError:
+        shared = bool(sysconfig.get_config_var("Py_ENABLE_SHARED"))
+    pgo = "--enable-optimizations" in (sysconfig.get_config_var("CONFIG_ARGS") or "")
+    return (f"{platform.python_implementation()} {platform.python_version()}, "
+            f"{'shared libpython' if shared else 'static'}{', --enable-optimizations' if pgo else ''}")
 
 
 def measure(fn: Callable[[], Any]) -> tuple[Any, float]:
@@ -53,6 +71,7 @@ def emit(case: str, *, sim_requests: int, sim_s: float, events: int | None, wall
         # CPU per simulated request (a fleet's request is a user's turn): the per-unit cost whose growth
         # with fleet size the issue's "within 1.2x of linear" criterion is about
         "cpu_ms_per_sim_request": 1000.0 * _last_cpu_s / sim_requests if sim_requests else None,
+        "python": interpreter(),
     }
     if extra:
         row.update(extra)

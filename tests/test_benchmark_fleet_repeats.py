@@ -44,3 +44,18 @@ def test_the_median_run_is_picked_whole() -> None:
     even = fleet.median_run([{"cpu_s": c, "run": i, "peak_rss_mb": 1.0} for i, c in enumerate((4.0, 1.0, 3.0, 2.0))])
     assert even["run"] == 3 and even["cpu_s_median"] == 2.5  # the lower middle run; the median between
     assert "cpu_s_repeats" not in rows[2]  # the rounds' rows are left as they were
+
+
+def test_a_row_names_the_interpreter_it_ran_on() -> None:
+    import platform
+    import sys
+    from pathlib import Path
+
+    from benchmarks.common import interpreter
+
+    row = fleet.run_case("x", scale=0.005, sim_s=5, show=False)
+    assert row["python"] == interpreter()
+    assert row["python"].startswith(f"{platform.python_implementation()} {platform.python_version()}, ")
+    # this process's own maps say whether the interpreter's code came from a shared libpython
+    maps = Path("/proc/self/maps").read_text(encoding="utf-8")
+    assert ("shared libpython" in row["python"]) == ("libpython" in maps), sys.executable
