@@ -4,10 +4,14 @@ median run, so the growth against linear is not one noisy run's (docs/performanc
 from __future__ import annotations
 
 import json
+import platform
+import sys
+from pathlib import Path
 
 import pytest
 
 from benchmarks import fleet
+from benchmarks.common import interpreter
 
 
 def test_each_case_reports_its_median_run_and_the_growth_compares_medians(capsys) -> None:
@@ -47,12 +51,6 @@ def test_the_median_run_is_picked_whole() -> None:
 
 
 def test_a_row_names_the_interpreter_it_ran_on() -> None:
-    import platform
-    import sys
-    from pathlib import Path
-
-    from benchmarks.common import interpreter
-
     row = fleet.run_case("x", scale=0.005, sim_s=5, show=False)
     assert row["python"] == interpreter()
     assert row["python"].startswith(f"{platform.python_implementation()} {platform.python_version()}, ")

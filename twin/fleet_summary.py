@@ -121,7 +121,7 @@ def fleet_summary(world, reqs: pa.Table, *, end_s: float, wall_s: float, slo) ->
                                "ttft_s": distribution(ttft[np.isfinite(ttft)])}
     gpus = world.gpus
     gpu_hours = math.fsum(world.model_info[h.model]["tp"] * (((h.removed_s if h.removed_s is not None else end_s)
-                                                        - h.started_s) / 3600.0) for h in world.handles)
+                                                              - h.started_s) / 3600.0) for h in world.handles)
     price = [i["price"] for i in world.model_info.values() if i["price"]]
     usd_per_gpu_hour = float(price[0]) if price else None
     out_tokens = int(np.nansum(reqs.column("output_tokens").to_numpy(zero_copy_only=False).astype(float)))
