@@ -87,9 +87,15 @@ def test_record_server(vllm_venv: Path, tmp_path: Path) -> None:
         assert pin["front_end_cpus"] and not set(pin["front_end_cpus"]) & set(pin["engine_cpus"])
         assert rec.run.workload["speed_probe"]["before"]["cpus"] == pin["engine_cpus"]
     # The warm-up ran (one-token requests decoding at every batch size up to the smaller of max_num_seqs
-    # and block size - 1) and left no trace in the run: its requests are not listed, the step sums in _check hold for the measured requests alone, and no prefix-cache
-    # query of the run came from it (the counters' baseline is taken after it).
-    assert rec.run.workload["warmup_requests"] == min(rec.run.max_num_seqs, rec.run.block_size - 1)
+    # and block size - 1, then the long prompts of prefill_warmup_requests: one of max_model_len - 2 tokens, then
+    # two at once, one behind its cached half) and left no trace in the run: its requests are not listed, the step
+    # sums in _check hold for the measured requests alone, and no prefix-cache query or hit of the run came from
+    # it (the counters' baseline is taken after it; its prompts share no block with the run's).
+    warm = rec.run.workload["warmup"]
+    assert warm["decode_requests"] == min(rec.run.max_num_seqs, rec.run.block_size - 1)
+    assert warm["prefill_prompt_tokens"][0] == [rec.run.max_model_len - 2] and len(warm["prefill_prompt_tokens"]) == 2
+    assert rec.run.workload["warmup_requests"] == warm["decode_requests"] + 3
+    assert rec.metric("prefix_cache_hits") == sum(r.num_cached_tokens or 0 for r in rec.requests)
     assert all(not r.request_id.startswith("warmup-") for r in rec.requests)
     assert rec.metric("prefix_cache_queries") == sum(r.prompt_tokens for r in rec.requests)
     assert int(rec.iterations.ctx_tokens.sum()) == sum(r.prompt_tokens - (r.num_cached_tokens or 0) for r in rec.requests)

@@ -89,13 +89,15 @@ def record_workload(
     timeout_s: float = 900.0,
     keep_scratch: bool = False,
     warmup: bool = True,
+    warmup_prefill: bool = True,
     pin_front_end: bool = True,
 ) -> Path:
     """Run ``spec`` on a real vLLM and write ``out_dir/{run.json, requests.jsonl, iterations.csv}``.
 
     ``mode`` overrides ``spec.mode`` (a server-mode spec can be recorded offline only if its arrivals
     are ``all_at_once``). ``warmup`` (server mode): serve a few one-token requests before the measured run,
-    so the server is warm as a fleet's is (``_vllm_server.warm_up``). ``pin_front_end`` (server mode): keep the API
+    so the server is warm as a fleet's is (``_vllm_server.warm_up``); ``warmup_prefill``: and long prompts after them,
+    so its prefill path is warm too (``_vllm_server.prefill_warmup_requests``). ``pin_front_end`` (server mode): keep the API
     server, engine core and client off the model's cores (``_vllm_common.pin_front_end``). Raises
     :class:`RecordError` if the engine run fails or times out; nothing is written to ``out_dir`` then.
     """
@@ -120,6 +122,7 @@ def record_workload(
             "out_dir": str(scratch / "run"),
             "timeout_s": timeout_s,
             "warmup": warmup,
+            "warmup_prefill": warmup_prefill,
             "pin_front_end": pin_front_end,
             "engine": spec.engine.model_dump(mode="json"),
             "workload": describe(spec) | {"model": spec.model},

@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout-s", type=float, default=900.0, help="limit for the engine run itself")
     parser.add_argument("--no-warmup", action="store_true",
                         help="server mode: send the measured requests to a cold server (no warm-up requests first)")
+    parser.add_argument("--no-prefill-warmup", action="store_true",
+                        help="server mode: warm up with the one-token requests only, not the long prompts after them "
+                             "(recordings before 2026-12-02 were made so)")
     parser.add_argument("--no-pin", action="store_true",
                         help="server mode: let the API server and the client run on the model's cores too (by default "
                              "they are kept off them; docs/calibration.md, \"Pinning the front end\")")
@@ -85,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"recording {spec.name} ({args.mode or spec.mode}, {spec.num_requests} requests) -> {out}", flush=True)
         try:
             record_workload(spec, out, vllm_venv=venv, mode=args.mode, timeout_s=args.timeout_s, keep_scratch=args.keep_scratch,
-                            warmup=not args.no_warmup, pin_front_end=not args.no_pin)
+                            warmup=not args.no_warmup, warmup_prefill=not args.no_prefill_warmup,
+                            pin_front_end=not args.no_pin)
         except (RecordError, ValueError, ValidationError) as exc:
             print(f"twin record: {spec.name} failed: {exc}", file=sys.stderr)
             failed += 1
