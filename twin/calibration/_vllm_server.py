@@ -130,10 +130,10 @@ WARMUP_IDS = (1, 2)
 def prefill_warmup_requests(engine: dict, block_size: int, num_blocks: int | None) -> list[list[dict]]:
     """The prefill part of the warm-up: waves of requests, each wave sent together after the previous one ended.
 
-    A fresh ``vllm serve`` runs its first long prefills slow as well as its first decode batch sizes: in every
-    server recording of 2026-11-30 and 2026-12-01 the run's first prefill of a few hundred tokens took 1.3-2.7x
-    the server fit and the rest ~1.0x (docs/calibration.md, "The first long prefill of a fresh server"); one-token
-    warm-up requests never reach that path. So the warm-up also sends
+    A fresh ``vllm serve`` runs its first long prefill slow as well as its first decode batch sizes: in the server
+    recordings of 2026-11-29 (late) to 2026-12-02 a run's first step of 256+ prefill tokens took 1.3-2.1x the
+    server fit (each session's median) and its later ones ~1.0x (docs/calibration.md, "The first long prefill of a
+    fresh server"); one-token warm-up requests never reach that path. So the warm-up also sends
     (1) one prompt as long as the engine admits (``max_model_len`` - 2 tokens, chunked at the budget where it is
         longer), the largest prefill step the run can make;
     (2) two prompts at once: one that hits (1)'s cached blocks for half its length and computes the rest after them
@@ -149,7 +149,8 @@ def prefill_warmup_requests(engine: dict, block_size: int, num_blocks: int | Non
         room = min(room, (num_blocks - 1) * block_size - 2)
     if room < block_size:
         return []
-    waves = [[{"request_id": "warmup-prefill-0", "arrival_s": 0.0, "prompt_token_ids": [first] * room, "max_tokens": 2}]]
+    waves = [[{"request_id": "warmup-prefill-0", "arrival_s": 0.0, "prompt_token_ids": [first] * room,
+               "max_tokens": 2}]]
     cached = (room // 2) // block_size * block_size
     new = room - cached
     blocks_needed = -(-(room + 2) // block_size) + -(-(new + 2) // block_size)

@@ -96,9 +96,9 @@ def record_workload(
 
     ``mode`` overrides ``spec.mode`` (a server-mode spec can be recorded offline only if its arrivals
     are ``all_at_once``). ``warmup`` (server mode): serve a few one-token requests before the measured run,
-    so the server is warm as a fleet's is (``_vllm_server.warm_up``); ``warmup_prefill``: and long prompts after them,
-    so its prefill path is warm too (``_vllm_server.prefill_warmup_requests``). ``pin_front_end`` (server mode): keep the API
-    server, engine core and client off the model's cores (``_vllm_common.pin_front_end``). Raises
+    so the server is warm as a fleet's is (``_vllm_server.warm_up``); ``warmup_prefill``: and long prompts after
+    them, so its prefill path is warm too (``_vllm_server.prefill_warmup_requests``). ``pin_front_end`` (server
+    mode): keep the API server, engine core and client off the model's cores (``_vllm_common.pin_front_end``). Raises
     :class:`RecordError` if the engine run fails or times out; nothing is written to ``out_dir`` then.
     """
     if mode is not None and mode != spec.mode:
