@@ -82,7 +82,8 @@ def _first_long_prefill_ratios(root) -> tuple[float, float]:
 
 
 @pytest.mark.parametrize(("session", "warm"), [("freshhost2", False), ("freshhost3", False), ("interleaved4", False),
-                                               ("prefillwarm", True), ("prefillwarm2", True)])
+                                               ("prefillwarm", True), ("prefillwarm2", True),
+                                               ("prefillwarm3", True)])
 def test_the_first_long_prefill_runs_at_the_fit_only_after_the_prefill_warm_up(session: str, warm: bool) -> None:
     """The documented finding, on the committed sessions: with the one-token warm-up only, a server run's first long
     prefill took 1.4-2.1x the fit (median over the session's ten server runs) where its later ones took ~1.0x; with the
