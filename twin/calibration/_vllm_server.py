@@ -122,6 +122,12 @@ async def _send_all(base: str, model: str, reqs: list[dict], timeout_s: float) -
     return [results[r["request_id"]] for r in reqs], loop.time() - t0
 
 
+def _num_gpu_blocks(cache_info: dict[str, str]) -> int | None:
+    """``num_gpu_blocks`` of ``vllm:cache_config_info``'s labels, None where the label is missing or unset."""
+    value = cache_info.get("num_gpu_blocks")
+    return None if value in (None, "", "None") else int(value)
+
+
 # Token ids of the warm-up's prompts: the Llama special tokens, which no workload prompt uses (workloads.py's
 # FIRST_TOKEN_ID is 3), so no block the warm-up leaves in the prefix cache can match a block of the run.
 WARMUP_IDS = (1, 2)
@@ -189,8 +195,7 @@ def warm_up(base: str, model: str, engine: dict, cache_info: dict[str, str], tim
     asyncio.run(_send_all(base, model, reqs, timeout_s))
     waves: list[list[dict]] = []
     if prefill:
-        blocks = engine.get("num_gpu_blocks_override") or cache_info.get("num_gpu_blocks")
-        blocks = int(blocks) if blocks not in (None, "", "None") else None
+        blocks = engine.get("num_gpu_blocks_override") or _num_gpu_blocks(cache_info)
         waves = prefill_warmup_requests(engine, block_size, blocks)
         for wave in waves:
             asyncio.run(_send_all(base, model, wave, timeout_s))
@@ -259,11 +264,11 @@ def run_server(job: dict) -> None:
     m = common.OVERRIDE_RE.search(full_log)
     if m:
         num_gpu_blocks, source = int(m.group(2)), "log: Overriding num_gpu_blocks"
-    elif cache_info.get("num_gpu_blocks") not in (None, "", "None"):
-        num_gpu_blocks, source = int(cache_info["num_gpu_blocks"]), "metrics: cache_config_info"
+    elif _num_gpu_blocks(cache_info) is not None:
+        num_gpu_blocks, source = _num_gpu_blocks(cache_info), "metrics: cache_config_info"
     if num_gpu_blocks is None:
         raise RuntimeError("num_gpu_blocks not found in the start-up log nor in /metrics")
-    if cache_info.get("num_gpu_blocks") not in (None, "", "None") and int(cache_info["num_gpu_blocks"]) != num_gpu_blocks:
+    if _num_gpu_blocks(cache_info) not in (None, num_gpu_blocks):
         raise RuntimeError(f"num_gpu_blocks: log says {num_gpu_blocks}, /metrics says {cache_info['num_gpu_blocks']}")
     block_size = int(cache_info["block_size"]) if cache_info.get("block_size") else None
     mnbt = re.search(r"max_num_batched_tokens=(\d+)", full_log)
