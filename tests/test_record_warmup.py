@@ -1,4 +1,4 @@
-"""The server warm-up's long prompts (``_vllm_server.prefill_warmup_requests``): what they send, without vLLM.
+"""The warm-up's long prompts (``_vllm_common.prefill_warmup_requests``): what they send, without vLLM.
 
 The marked test ``test_record_vllm.py::test_record_server`` checks on a real server that the warm-up leaves no
 request, step or counter in the run; this one checks the plan itself on the engine settings the workload sets use.
@@ -11,7 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from twin.calibration._vllm_server import WARMUP_IDS, prefill_warmup_requests
+from twin.calibration._vllm_common import (
+    WARMUP_IDS,
+    decode_warmup_requests,
+    prefill_warmup_requests,
+    rehearsal_requests,
+    warmup_fields,
+    warmup_plan,
+    warmup_summary,
+)
 from twin.calibration.recorded import load_recorded_run
 from twin.calibration.regimes import predict_model_s
 from twin.calibration.server import reconstruct
@@ -55,15 +63,61 @@ def test_prompts_fit_the_engine_and_hit_only_themselves(blocks: int | None, max_
 
 
 def test_the_workload_sets_get_both_waves_and_their_prompts_never_share_a_block() -> None:
+    # Both modes warm up (offline since 2026-12-02): every built-in workload gets the long prompt, and both waves
+    # unless its block count cannot hold two long prompts at once (offline-kv-pressure's 12 blocks).
     specs = [w for ws in SETS.values() for w in ws.values()]
-    servers = [w for w in specs if w.mode == "server"]
-    assert servers
-    for w in servers:
+    assert {w.mode for w in specs} == {"offline", "server"}
+    for w in specs:
         engine = w.engine.model_dump()
-        waves = prefill_warmup_requests(engine, 128, engine["num_gpu_blocks_override"] or 1024)
-        assert len(waves) == 2, w.name
+        decode, waves = warmup_plan(engine, 128, engine["num_gpu_blocks_override"] or 1024)
+        assert len(waves) == (1 if w.name == "offline-kv-pressure" else 2), w.name
+        assert decode and all(r["prompt_token_ids"] == [WARMUP_IDS[0]] for r in decode)
         for r in build_requests(w):
             assert min(r.prompt_token_ids) >= FIRST_TOKEN_ID  # no workload block can equal a warm-up block
+
+
+@pytest.mark.parametrize(("max_num_seqs", "block_size", "override", "n"),
+                         [(128, 128, None, 127), (8, 128, None, 8), (128, 16, None, 15), (128, 128, 12, 11),
+                          (1, 128, None, 1), (128, 128, 1, 1)])
+def test_decode_warm_up_fits_one_block_each_and_decodes_every_batch_size(
+        max_num_seqs: int, block_size: int, override: int | None, n: int) -> None:
+    engine = {"max_num_seqs": max_num_seqs, "num_gpu_blocks_override": override}
+    reqs = decode_warmup_requests(engine, block_size)
+    assert len(reqs) == n
+    assert sorted(r["max_tokens"] for r in reqs) == list(range(1, n + 1))  # batch n, then n - 1, ... 1
+    # prompt + output - 1 tokens in KV: inside one block and never filling it, so nothing is hashed
+    assert all(len(r["prompt_token_ids"]) + r["max_tokens"] - 1 < block_size for r in reqs)
+    assert len({r["request_id"] for r in reqs}) == n and all(r["request_id"].startswith("warmup-") for r in reqs)
+    waves = prefill_warmup_requests({"max_model_len": 1024, "num_gpu_blocks_override": override}, block_size,
+                                    override or 1024)
+    fields = warmup_fields(warmup_summary(reqs, waves))
+    assert fields["warmup_requests"] == n + sum(len(w) for w in waves)
+    assert fields["warmup"]["prefill_prompt_tokens"] == [[len(r["prompt_token_ids"]) for r in w] for w in waves]
+
+
+@pytest.mark.parametrize("workload", ["sweep-decode-batch", "sweep-kv-pressure", "heldout-offline-kv-prefix",
+                                      "offline-prefix", "sweep-prompt-length"])
+def test_the_offline_rehearsal_has_the_runs_shape_and_shares_no_block(workload: str) -> None:
+    spec = next(ws[workload] for ws in SETS.values() if workload in ws)
+    run = [{"prompt_token_ids": list(r.prompt_token_ids), "max_tokens": r.max_tokens} for r in build_requests(spec)]
+    bs = 16  # smaller than any block size the sets use, so more of each prompt is in full blocks
+    reh = rehearsal_requests(run)
+    assert [len(r["prompt_token_ids"]) for r in reh] == [len(r["prompt_token_ids"]) for r in run]
+    assert [r["max_tokens"] for r in reh] == [min(r["max_tokens"], 4) for r in run]
+    assert len({r["request_id"] for r in reh}) == len(reh) and all(r["request_id"].startswith("warmup-") for r in reh)
+    # a block is cached under the hash of every token up to its end: no two full blocks of the rehearsal, the long
+    # prompts or the run have the same tokens from the start, except the run's own shared prefixes
+    def blocks(prompt: list[int]) -> set[tuple[int, ...]]:
+        return {tuple(prompt[: (k + 1) * bs]) for k in range(len(prompt) // bs)}
+
+    engine = spec.engine.model_dump()
+    long_prompts = [r["prompt_token_ids"] for w in prefill_warmup_requests(engine, bs, None) for r in w]
+    seen = set().union(*(blocks(p) for p in long_prompts)) | set().union(*(blocks(r["prompt_token_ids"]) for r in run))
+    for r in reh:
+        assert set(r["prompt_token_ids"]) <= set(WARMUP_IDS)
+        mine = blocks(r["prompt_token_ids"])
+        assert not mine & seen, r["request_id"]
+        seen |= mine
 
 
 def _first_long_prefill_ratios(root: Path) -> tuple[float, float]:

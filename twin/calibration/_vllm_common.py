@@ -300,3 +300,112 @@ def pin_front_end(pgid: int) -> dict:
                 continue
     info.update(pinned=True, threads_pinned=moved)
     return info
+
+
+# ------------------------------------------------------------------------------------------ warm-up
+# Token ids of the warm-up's prompts: the Llama special tokens, which no workload prompt uses (workloads.py's
+# FIRST_TOKEN_ID is 3), so no block the warm-up leaves in the prefix cache can match a block of the run.
+WARMUP_IDS = (1, 2)
+
+
+def prefill_warmup_requests(engine: dict, block_size: int, num_blocks: int | None) -> list[list[dict]]:
+    """The prefill part of the warm-up: waves of requests, each wave sent together after the previous one ended.
+
+    A fresh engine runs its first long prefill slow as well as its first decode batch sizes: in the server
+    recordings of 2026-11-29 (late) to 2026-12-02 a run's first step of 256+ prefill tokens took 1.3-2.1x the
+    server fit (each session's median) and its later ones ~1.0x (docs/calibration.md, "The first long prefill of a
+    fresh server"), and an offline ``LLM``'s 1.3-3.6x the offline fit; one-token warm-up requests never reach that
+    path. So the warm-up also sends
+    (1) one prompt as long as the engine admits (``max_model_len`` - 2 tokens, chunked at the budget where it is
+        longer), the largest prefill step the run can make;
+    (2) two prompts at once: one that hits (1)'s cached blocks for half its length and computes the rest after them
+        (prefill attending to cached context), and one of the same new length from nothing, so one step holds two
+        prefills, one of them behind a cached prefix.
+    Prompts are made of ``WARMUP_IDS`` only; each asks for 2 tokens (one decode at a long context). With
+    ``num_gpu_blocks_override`` the prompts shrink to fit the blocks with one to spare, and (2) is left out where
+    both cannot be resident at once; nothing is sent where not even one block's prompt fits.
+    """
+    first, second = WARMUP_IDS
+    room = engine["max_model_len"] - 2
+    if num_blocks is not None:
+        room = min(room, (num_blocks - 1) * block_size - 2)
+    if room < block_size:
+        return []
+    waves = [[{"request_id": "warmup-prefill-0", "arrival_s": 0.0, "prompt_token_ids": [first] * room,
+               "max_tokens": 2}]]
+    cached = (room // 2) // block_size * block_size
+    new = room - cached
+    blocks_needed = -(-(room + 2) // block_size) + -(-(new + 2) // block_size)
+    if cached >= block_size and new > 0 and (num_blocks is None or blocks_needed <= num_blocks - 1):
+        waves.append([
+            {"request_id": "warmup-prefill-1", "arrival_s": 0.0, "prompt_token_ids": [first] * cached + [second] * new,
+             "max_tokens": 2},
+            {"request_id": "warmup-prefill-2", "arrival_s": 0.0, "prompt_token_ids": [second] * new, "max_tokens": 2},
+        ])
+    return waves
+
+
+def decode_warmup_requests(engine: dict, block_size: int) -> list[dict]:
+    """The decode part of the warm-up: ``n`` one-token prompts asking for 1..n tokens, sent together.
+
+    They decode at every batch size from n down to 1 (a decode step at a batch size not yet seen ran 1.3-1.6x
+    slower on a fresh engine). The prompt is ``WARMUP_IDS[0]``; each request stays inside one KV block (n <
+    block size), which is never full, so nothing is hashed into the prefix cache; n fits the block count, so
+    none is preempted.
+    """
+    n = min(engine["max_num_seqs"], block_size - 1)
+    if engine.get("num_gpu_blocks_override"):
+        n = min(n, int(engine["num_gpu_blocks_override"]) - 1)  # one block each, none preempted
+    n = max(n, 1)
+    return [{"request_id": f"warmup-{i}", "arrival_s": 0.0, "prompt_token_ids": [WARMUP_IDS[0]], "max_tokens": i + 1}
+            for i in range(n)]
+
+
+def rehearsal_requests(requests: list[dict], max_tokens: int = 4) -> list[dict]:
+    """The offline run's opening, rehearsed: the run's own requests, sent together, with prompts of the same lengths
+    made of ``WARMUP_IDS`` and at most ``max_tokens`` tokens each.
+
+    An offline run starts with every request at once, so its first steps (a prefill of up to the whole budget over
+    as many prompts as fit, then the largest decode batch) are its largest, and a fresh engine runs a step of a
+    size it has not run yet slow: without a warm-up the first step of an offline run took 1.5-3.3x the later steps'
+    level, and after the long prompts of :func:`prefill_warmup_requests` still 1.5-2.1x where it held 46 prompts
+    (docs/calibration.md, "An offline warm-up"). Each prompt starts with a tag unique to it (``WARMUP_IDS[1]``,
+    ``WARMUP_IDS[0]``, then its index in 16 binary digits of the two ids) and is filled with ``WARMUP_IDS[0]``, so
+    no two share a block, none shares a block with the long prompts (whose first blocks are all one id) and none
+    with the run (whose ids start at 3).
+    """
+    if len(requests) >= 1 << 16:
+        raise ValueError(f"{len(requests)} requests: the rehearsal's tags are 16 binary digits")
+    one, two = WARMUP_IDS
+    out = []
+    for j, r in enumerate(requests):
+        n = len(r["prompt_token_ids"])
+        tag = [two, one] + [WARMUP_IDS[(j >> b) & 1] for b in range(16)]
+        out.append({"request_id": f"warmup-rehearsal-{j}", "arrival_s": 0.0, "prompt_token_ids": (tag + [one] * n)[:n],
+                    "max_tokens": min(int(r["max_tokens"]), max_tokens)})
+    return out
+
+
+def warmup_plan(engine: dict, block_size: int, num_blocks: int | None,
+                prefill: bool = True) -> tuple[list[dict], list[list[dict]]]:
+    """What the recorder serves before a measured run, in either mode: the decode wave, then (with ``prefill``)
+    the prefill waves; each wave is sent together after the previous one has finished. (Offline mode then
+    rehearses the run's opening, :func:`rehearsal_requests`.)"""
+    waves = prefill_warmup_requests(engine, block_size, num_blocks) if prefill else []
+    return decode_warmup_requests(engine, block_size), waves
+
+
+def warmup_summary(decode: list[dict], waves: list[list[dict]], rehearsal: list[dict] | None = None) -> dict:
+    """``run.json`` ``workload.warmup``: ``decode_requests`` (n), ``prefill_prompt_tokens`` (per wave, each
+    prompt's length) and, offline, ``rehearsal_requests`` (how many requests rehearsed the run's opening)."""
+    out = {"decode_requests": len(decode),
+           "prefill_prompt_tokens": [[len(r["prompt_token_ids"]) for r in w] for w in waves]}
+    if rehearsal is not None:
+        out["rehearsal_requests"] = len(rehearsal)
+    return out
+
+
+def warmup_fields(warmup: dict) -> dict:
+    """The workload fields a run records of its warm-up (``warmup_requests``: how many requests it served)."""
+    served = warmup["decode_requests"] + sum(len(w) for w in warmup["prefill_prompt_tokens"])
+    return {"warmup_requests": served + warmup.get("rehearsal_requests", 0), "warmup": warmup}

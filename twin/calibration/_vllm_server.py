@@ -128,79 +128,26 @@ def _num_gpu_blocks(cache_info: dict[str, str]) -> int | None:
     return None if value in (None, "", "None") else int(value)
 
 
-# Token ids of the warm-up's prompts: the Llama special tokens, which no workload prompt uses (workloads.py's
-# FIRST_TOKEN_ID is 3), so no block the warm-up leaves in the prefix cache can match a block of the run.
-WARMUP_IDS = (1, 2)
-
-
-def prefill_warmup_requests(engine: dict, block_size: int, num_blocks: int | None) -> list[list[dict]]:
-    """The prefill part of the warm-up: waves of requests, each wave sent together after the previous one ended.
-
-    A fresh ``vllm serve`` runs its first long prefill slow as well as its first decode batch sizes: in the server
-    recordings of 2026-11-29 (late) to 2026-12-02 a run's first step of 256+ prefill tokens took 1.3-2.1x the
-    server fit (each session's median) and its later ones ~1.0x (docs/calibration.md, "The first long prefill of a
-    fresh server"); one-token warm-up requests never reach that path. So the warm-up also sends
-    (1) one prompt as long as the engine admits (``max_model_len`` - 2 tokens, chunked at the budget where it is
-        longer), the largest prefill step the run can make;
-    (2) two prompts at once: one that hits (1)'s cached blocks for half its length and computes the rest after them
-        (prefill attending to cached context), and one of the same new length from nothing, so one step holds two
-        prefills, one of them behind a cached prefix.
-    Prompts are made of ``WARMUP_IDS`` only; each asks for 2 tokens (one decode at a long context). With
-    ``num_gpu_blocks_override`` the prompts shrink to fit the blocks with one to spare, and (2) is left out where
-    both cannot be resident at once; nothing is sent where not even one block's prompt fits.
-    """
-    first, second = WARMUP_IDS
-    room = engine["max_model_len"] - 2
-    if num_blocks is not None:
-        room = min(room, (num_blocks - 1) * block_size - 2)
-    if room < block_size:
-        return []
-    waves = [[{"request_id": "warmup-prefill-0", "arrival_s": 0.0, "prompt_token_ids": [first] * room,
-               "max_tokens": 2}]]
-    cached = (room // 2) // block_size * block_size
-    new = room - cached
-    blocks_needed = -(-(room + 2) // block_size) + -(-(new + 2) // block_size)
-    if cached >= block_size and new > 0 and (num_blocks is None or blocks_needed <= num_blocks - 1):
-        waves.append([
-            {"request_id": "warmup-prefill-1", "arrival_s": 0.0, "prompt_token_ids": [first] * cached + [second] * new,
-             "max_tokens": 2},
-            {"request_id": "warmup-prefill-2", "arrival_s": 0.0, "prompt_token_ids": [second] * new, "max_tokens": 2},
-        ])
-    return waves
-
-
 def warm_up(base: str, model: str, engine: dict, cache_info: dict[str, str], timeout_s: float,
             prefill: bool = True) -> dict:
-    """Serve a few requests before the measured run, as ``vllm bench serve`` does its initial test prompt.
+    """Serve :func:`_vllm_common.warmup_plan`'s requests before the measured run, each wave after the one before.
 
-    A fleet's servers are warm; a freshly started ``vllm serve`` is not: its first requests came 5-37 ms
-    later than the server model in 2026-11-29 recordings (docs/calibration.md, "The server TTFT tail"),
-    a different amount every start, and a decode step at a batch size not yet seen ran 1.3-1.6x slower.
-    ``n`` requests of one token (the BOS id, which no workload prompt uses) ask for 1..n tokens, so they
-    decode at every batch size from n down to 1. Each stays inside one KV block (n < block size), which is
-    never full, so nothing is hashed into the prefix cache. With ``prefill``, the long prompts of
-    ``prefill_warmup_requests`` follow (their blocks do enter the prefix cache, made of ids no workload prompt
-    has). The ``/metrics`` baseline and the iteration log are taken after the warm-up, so neither counts it.
-    Returns what was sent: ``decode_requests`` (n) and ``prefill_prompt_tokens`` (per wave, each prompt's length).
+    As ``vllm bench serve`` does its initial test prompt: a fleet's servers are warm, a freshly started ``vllm
+    serve`` is not (its first requests came 5-37 ms later than the server model in 2026-11-29 recordings,
+    docs/calibration.md, "The server TTFT tail"; a decode step at a batch size not yet seen ran 1.3-1.6x slower;
+    its first long prefill 1.3-2.1x, "The first long prefill of a fresh server"). The ``/metrics`` baseline and
+    the iteration log are taken after the warm-up, so neither counts it. Returns
+    :func:`_vllm_common.warmup_summary` of what was sent.
     """
     import asyncio
 
     block_size = int(cache_info.get("block_size") or 16)
-    n = min(engine["max_num_seqs"], block_size - 1)
-    if engine.get("num_gpu_blocks_override"):
-        n = min(n, int(engine["num_gpu_blocks_override"]) - 1)  # one block each, none preempted
-    n = max(n, 1)
-    reqs = [{"request_id": f"warmup-{i}", "arrival_s": 0.0, "prompt_token_ids": [WARMUP_IDS[0]], "max_tokens": i + 1}
-            for i in range(n)]
-    asyncio.run(_send_all(base, model, reqs, timeout_s))
-    waves: list[list[dict]] = []
-    if prefill:
-        blocks = engine.get("num_gpu_blocks_override") or _num_gpu_blocks(cache_info)
-        waves = prefill_warmup_requests(engine, block_size, blocks)
-        for wave in waves:
-            asyncio.run(_send_all(base, model, wave, timeout_s))
+    blocks = engine.get("num_gpu_blocks_override") or _num_gpu_blocks(cache_info)
+    decode, waves = common.warmup_plan(engine, block_size, blocks, prefill)
+    for wave in [decode, *waves]:
+        asyncio.run(_send_all(base, model, wave, timeout_s))
     time.sleep(1.0)  # the warm-up's last iteration lines reach the log before the run's offset is taken
-    return {"decode_requests": n, "prefill_prompt_tokens": [[len(r["prompt_token_ids"]) for r in w] for w in waves]}
+    return common.warmup_summary(decode, waves)
 
 
 def run_server(job: dict) -> None:
@@ -280,8 +227,7 @@ def run_server(job: dict) -> None:
     run = common.base_run(job, "server", args)
     workload = dict(job["workload"])
     workload["num_gpu_blocks_source"] = source
-    workload["warmup_requests"] = warmup["decode_requests"] + sum(len(w) for w in warmup["prefill_prompt_tokens"])
-    workload["warmup"] = warmup
+    workload.update(common.warmup_fields(warmup))
     workload["front_end_pinning"] = pinning
     if probe_before is not None:
         workload["speed_probe"] = {"before": probe_before, "after": probe_after}

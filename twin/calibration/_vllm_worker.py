@@ -9,7 +9,10 @@ starts this script; the job holds the model folder, the engine arguments, the ex
 folder and a scratch folder. The script writes the run folder (see recorded-run-format.md):
 ``run.json``, ``requests.jsonl``, ``iterations.csv``, plus ``engine.log`` in the scratch folder.
 
-Offline mode: ``vllm.LLM``; the engine core's scheduler is paused while every request is added and resumed
+Offline mode: ``vllm.LLM``; after the same warm-up as the server's (``_vllm_common.warmup_plan``) and a rehearsal
+of the run's opening (``_vllm_common.rehearsal_requests``), served through the engine before the iteration log is
+captured and the counters' baseline is taken (``job["warmup"]``, ``job["warmup_prefill"]``),
+the engine core's scheduler is paused while every request is added and resumed
 after, so the first step sees them all and the batch composition is exact and repeatable. Token times
 are when the client side of ``LLM`` received each step's outputs. Iteration
 lines come from vLLM's own ``--enable-logging-iteration-details`` logger (captured with a logging handler).
@@ -75,7 +78,6 @@ def run_offline(job: dict) -> None:
     llm = LLM(model=job["model_dir"], **common.engine_kwargs(engine))
     # the engine's processes are in this process's group (record.py starts it as a group leader)
     cpus = common.engine_cpus(os.getpgid(0))
-    probe_before = common.probe_or_error(cpus) if job.get("speed_probe", True) else None
     vcfg = llm.llm_engine.vllm_config
     cache, sched = vcfg.cache_config, vcfg.scheduler_config
 
@@ -87,16 +89,9 @@ def run_offline(job: dict) -> None:
                 out[key] = out.get(key, 0.0) + float(m.value)
         return out
 
-    before = counters()
-    handler = _ListHandler()
-    logging.getLogger("vllm").addHandler(handler)
     engine_core = llm.llm_engine
-    reqs = job["requests"]
-    state = {}
-    # Pause the engine core's scheduler ("keep": queue adds, take no step), add every request, then
-    # resume: the adds and the resume travel in order on one socket, so the first step sees them all.
-    engine_core.engine_core.call_utility("pause_scheduler", "keep", False)
-    for r in reqs:
+
+    def add(r: dict) -> None:
         params = SamplingParams(
             max_tokens=r["max_tokens"],
             min_tokens=r["max_tokens"],
@@ -106,6 +101,36 @@ def run_offline(job: dict) -> None:
             output_kind=RequestOutputKind.DELTA,
         )
         engine_core.add_request(r["request_id"], TokensPrompt(prompt_token_ids=list(r["prompt_token_ids"])), params)
+
+    warmup: dict = {"decode_requests": 0, "prefill_prompt_tokens": []}
+    if job.get("warmup", True):
+        # Served before the log handler and the counters' baseline, so neither the iteration log nor the
+        # deltas count it; its blocks stay in the prefix cache, made of ids no workload prompt has.
+        decode, waves = common.warmup_plan(engine, int(cache.block_size), int(cache.num_gpu_blocks),
+                                           job.get("warmup_prefill", True))
+        rehearsal = common.rehearsal_requests(job["requests"]) if job.get("warmup_prefill", True) else None
+        deadline = time.monotonic() + job["timeout_s"]
+        for wave in [decode, *waves, *([rehearsal] if rehearsal else [])]:
+            for r in wave:
+                add(r)
+            while engine_core.has_unfinished_requests():
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"offline warm-up did not finish within {job['timeout_s']} s")
+                engine_core.step()
+        warmup = common.warmup_summary(decode, waves, rehearsal)
+
+    # as in server mode, the probe runs after the warm-up, with the engine idle just before the measured requests
+    probe_before = common.probe_or_error(cpus) if job.get("speed_probe", True) else None
+    before = counters()
+    handler = _ListHandler()
+    logging.getLogger("vllm").addHandler(handler)
+    reqs = job["requests"]
+    state = {}
+    # Pause the engine core's scheduler ("keep": queue adds, take no step), add every request, then
+    # resume: the adds and the resume travel in order on one socket, so the first step sees them all.
+    engine_core.engine_core.call_utility("pause_scheduler", "keep", False)
+    for r in reqs:
+        add(r)
         state[r["request_id"]] = {"times": [], "cached": None}
     t0 = time.monotonic()
     engine_core.engine_core.call_utility("resume_scheduler")
@@ -154,8 +179,8 @@ def run_offline(job: dict) -> None:
             "enable_prefix_caching": bool(cache.enable_prefix_caching),
             "engine_args": common.engine_cli_args(engine),
             "metrics_delta": common.delta(after, before),
-            "workload": job["workload"] | ({} if probe_before is None else
-                                           {"speed_probe": {"before": probe_before, "after": probe_after}}),
+            "workload": job["workload"] | common.warmup_fields(warmup)
+            | ({} if probe_before is None else {"speed_probe": {"before": probe_before, "after": probe_after}}),
         }
     )
     common.write_run(Path(job["out_dir"]), run, requests, iterations)

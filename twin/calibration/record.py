@@ -95,9 +95,10 @@ def record_workload(
     """Run ``spec`` on a real vLLM and write ``out_dir/{run.json, requests.jsonl, iterations.csv}``.
 
     ``mode`` overrides ``spec.mode`` (a server-mode spec can be recorded offline only if its arrivals
-    are ``all_at_once``). ``warmup`` (server mode): serve a few one-token requests before the measured run,
-    so the server is warm as a fleet's is (``_vllm_server.warm_up``); ``warmup_prefill``: and long prompts after
-    them, so its prefill path is warm too (``_vllm_server.prefill_warmup_requests``). ``pin_front_end`` (server
+    are ``all_at_once``). ``warmup`` (both modes): serve a few one-token requests before the measured run,
+    so the engine is warm as a fleet's is (``_vllm_common.decode_warmup_requests``); ``warmup_prefill``: and long
+    prompts after them, so its prefill path is warm too (``_vllm_common.prefill_warmup_requests``). Neither reaches
+    the run's iteration log, counters or requests. ``pin_front_end`` (server
     mode): keep the API server, engine core and client off the model's cores (``_vllm_common.pin_front_end``). Raises
     :class:`RecordError` if the engine run fails or times out; nothing is written to ``out_dir`` then.
     """

@@ -32,10 +32,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vllm-venv", type=Path, default=None, help="vLLM virtual environment (default .vllm-venv)")
     parser.add_argument("--timeout-s", type=float, default=900.0, help="limit for the engine run itself")
     parser.add_argument("--no-warmup", action="store_true",
-                        help="server mode: send the measured requests to a cold server (no warm-up requests first)")
+                        help="send the measured requests to a cold engine (no warm-up requests first)")
     parser.add_argument("--no-prefill-warmup", action="store_true",
-                        help="server mode: warm up with the one-token requests only, not the long prompts after them "
-                             "(recordings before 2026-12-02 were made so)")
+                        help="warm up with the one-token requests only, not the long prompts after them "
+                             "(server recordings before 2026-12-02 were made so; offline ones had no warm-up)")
     parser.add_argument("--no-pin", action="store_true",
                         help="server mode: let the API server and the client run on the model's cores too (by default "
                              "they are kept off them; docs/calibration.md, \"Pinning the front end\")")
