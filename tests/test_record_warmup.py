@@ -120,6 +120,16 @@ def test_the_offline_rehearsal_has_the_runs_shape_and_shares_no_block(workload: 
         seen |= mine
 
 
+def _session(name: str) -> Path:
+    return REPO_ROOT / "tests" / "fixtures" / "calibration" / f"cpu-tiny-llama-{name}"
+
+
+def _step_ratios(fit, rec) -> tuple[list, np.ndarray]:  # noqa: ANN001 (StepTimeCoefficients, RecordedRun)
+    """A recorded run's reconstructed step shapes and each step's recorded time / ``fit``'s model time."""
+    steps = reconstruct(rec)
+    return steps.shapes, np.asarray(steps.elapsed_s) / np.asarray(predict_model_s(fit, steps.shapes))
+
+
 def _first_long_prefill_ratios(root: Path) -> tuple[float, float]:
     """A committed session's server runs: the median over runs of each one's first step with 256+ prefill tokens, and
     the median of their later such steps, as recorded time / the session's server fit (model time; docs/calibration.md,
@@ -127,9 +137,8 @@ def _first_long_prefill_ratios(root: Path) -> tuple[float, float]:
     fit = load_profile(str(root / "cpu-tiny-llama.yaml")).spec.server.step_time
     first, later = [], []
     for run in sorted(root.glob("calibration/sweep-server-*")) + sorted(root.glob("held-out*/heldout-server-*")):
-        steps = reconstruct(load_recorded_run(run))
-        model = predict_model_s(fit, steps.shapes)
-        ratios = [e / m for s, e, m in zip(steps.shapes, steps.elapsed_s, model, strict=True)
+        shapes, all_ratios = _step_ratios(fit, load_recorded_run(run))
+        ratios = [r for s, r in zip(shapes, all_ratios.tolist(), strict=True)
                   if s.prefill_requests and s.prefill_tokens >= 256]
         first.append(ratios[0])
         later.extend(ratios[1:])
@@ -143,8 +152,7 @@ def test_the_first_long_prefill_runs_at_the_fit_only_after_the_prefill_warm_up(s
     """The documented finding, on the committed sessions: with the one-token warm-up only, a server run's first long
     prefill took 1.65-2.11x the fit in these three (median over a session's ten server runs; 1.33-2.11x over the twelve
     such sessions) where its later ones took ~1.0x; with the long prompts it takes what the later ones do."""
-    root = REPO_ROOT / "tests" / "fixtures" / "calibration" / f"cpu-tiny-llama-{session}"
-    first, later = _first_long_prefill_ratios(root)
+    first, later = _first_long_prefill_ratios(_session(session))
     assert 0.9 <= later <= 1.1
     if warm:
         assert abs(first / later - 1) < 0.1
@@ -162,8 +170,7 @@ def _offline_first_step_ratio(root: Path) -> float:
         rec = load_recorded_run(run)
         if rec.run.mode != "offline" or rec.metric("num_preemptions"):
             continue
-        steps = reconstruct(rec)
-        ratios = np.asarray(steps.elapsed_s) / np.asarray(predict_model_s(fit, steps.shapes))
+        ratios = _step_ratios(fit, rec)[1]
         firsts.append(ratios[0] / np.median(ratios))
     assert len(firsts) == 6
     return float(np.median(firsts))
@@ -178,8 +185,7 @@ def test_an_offline_runs_first_step_runs_at_its_level_only_after_the_offline_war
     the offline warm-up); with the warm-up and the rehearsal of the run's opening 0.91 and 1.10x in the two sessions
     since (a first step after the scheduler's pause still runs a few ms long on some hosts: docs/calibration.md,
     "An offline warm-up")."""
-    root = REPO_ROOT / "tests" / "fixtures" / "calibration" / f"cpu-tiny-llama-{session}"
-    first = _offline_first_step_ratio(root)
+    first = _offline_first_step_ratio(_session(session))
     if warm:
         assert first < 1.2
     else:
