@@ -66,11 +66,12 @@ def test_draws_without_noise_or_below_one_are_refused(tmp_path: Path, capsys: py
 
 
 def test_the_session_over_nine_draws() -> None:
-    """The third new machine's session (docs/calibration.md): 156 of 160 items and 68 of 72 latency items with one
-    draw (tests/test_calibration_quiet_set.py), 157 and 69 with the median of nine."""
+    """The third new machine's session (docs/calibration.md): 153 of 160 items and 65 of 72 latency items with one
+    draw (tests/test_calibration_quiet_set.py), 154 and 66 with the median of nine (156 / 68 and 157 / 69 before
+    the replay sent each request at its own send time: its bursty TTFT was already high)."""
     runs = sorted(p for rep in ("held-out", "held-out-repeat2", "held-out-repeat3", "held-out-repeat4")
                   for p in (ROOT / rep).iterdir())
     rep = fidelity(runs, profile=PROFILE, draws=9)
     latency = ("ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s", "e2e_p50_s", "e2e_p90_s")
-    assert rep["summary"]["passed"] == 157 and rep["summary"]["items"] == 160
-    assert sum(r["items"][k]["pass"] for r in rep["runs"] for k in latency) == 69
+    assert rep["summary"]["passed"] == 154 and rep["summary"]["items"] == 160
+    assert sum(r["items"][k]["pass"] for r in rep["runs"] for k in latency) == 66

@@ -96,7 +96,11 @@ class SingleReplicaRun:
         self.engine = Engine(self.cfg)
         self.replica = Replica(self.env, scope="replica", engine=self.engine, step_model=model, recorder=self.rec,
                                max_decode_run_steps=sc.replica.max_decode_run_steps, on_finished=self._finished)
-        self.specs = specs if specs is not None else workload_requests(sc.workload, seed=seed, replication=replication)
+        specs = specs if specs is not None else workload_requests(sc.workload, seed=seed, replication=replication)
+        # the source sends in list order and waits for each one's time, so a spec listed after a later one would
+        # be sent late: in time order (a stable sort; ties keep their order, which is the engine's add order).
+        # A recorded server run lists its requests by id, and a burst's concurrent sends can leave in another order.
+        self.specs = sorted(specs, key=lambda s: s.arrival_s)
         self.record_token_times = sc.output.record_token_times
         self.token_times: dict[str, list[float]] = {}
         self.outstanding = 0
