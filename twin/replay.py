@@ -120,6 +120,37 @@ class FirstStepExtra:
         return t
 
 
+class IdleWakeExtra:
+    """A step-time model whose first step after the engine sat idle for at least ``idle_after_s`` takes
+    ``idle_wake_s`` longer (a server section's fitted ``idle_wake_s``: in recorded CPU server runs, a request sent
+    to a quiet server got its first token a few ms later than one sent while it was busy, most of it in that
+    step's own recorded time; docs/calibration.md, "A quiet server's first step"). The replica reports each
+    idle spell through ``woke_after_idle``; the step after it is always a single step (a prefill). Replays only:
+    the fleet simulation never builds it."""
+
+    def __init__(self, base: StepTimeModel, idle_wake_s: float, idle_after_s: float) -> None:
+        self.base = base
+        self.idle_wake_s = float(idle_wake_s)
+        self.idle_after_s = float(idle_after_s)
+        self.overhead_s = getattr(base, "overhead_s", 0.0)
+        self._pending = 0.0
+
+    def woke_after_idle(self, idle_s: float) -> None:
+        self._pending = self.idle_wake_s if idle_s >= self.idle_after_s else 0.0
+
+    def step_time_s(self, shape: StepShape) -> float:
+        extra, self._pending = self._pending, 0.0
+        return self.base.step_time_s(shape) + extra
+
+    def decode_run_s(self, decode_requests: int, decode_context_tokens: int, num_steps: int) -> np.ndarray:
+        t = self.base.decode_run_s(decode_requests, decode_context_tokens, num_steps)
+        if num_steps > 0 and self._pending:
+            t = t.copy()
+            t[0] += self._pending
+        self._pending = 0.0
+        return t
+
+
 class BatchChangeExtra:
     """A step-time model whose decode-only steps take ``batch_change_s`` longer when they decode fewer requests than
     the decode-only step before them (``profile.decode_batch_changed``: a request finished or was preempted). A
@@ -201,7 +232,7 @@ def replay(rec: RecordedRun, *, profile: str | None, step_times: str = "profile"
     (0, the default, is the run's own seed; k > 0 a different one per k), to see the twin's own spread. A profile's
     ``first_step_s`` (server runs: its server section's), where fitted, is added to the first step of a profile
     replay (``FirstStepExtra``), never to recorded step times; likewise a fitted decode ``batch_change_s``
-    (``BatchChangeExtra``)."""
+    (``BatchChangeExtra``) and a server section's ``idle_wake_s`` (``IdleWakeExtra``)."""
     if step_times not in ("profile", "recorded"):
         raise ValueError("step_times must be 'profile' or 'recorded'")
     if step_times == "profile" and profile is None:
@@ -234,6 +265,10 @@ def replay(rec: RecordedRun, *, profile: str | None, step_times: str = "profile"
             model = NoisyStepTimes(model, table, seed=stable_hash(key), fixed_s=fixed_s)
         if coefficients.first_step_s:
             model = FirstStepExtra(model, coefficients.first_step_s)
+        if server is not None and server.idle_wake_s:
+            from twin.calibration.server import IDLE_AFTER_S
+
+            model = IdleWakeExtra(model, server.idle_wake_s, IDLE_AFTER_S)
     if step_times == "recorded":
         if rec.iterations is None:
             raise ValueError(f"{rec.path}: no iterations.csv, so there are no recorded step times")

@@ -41,9 +41,11 @@ import numpy as np
 
 from twin.calibration.recorded import RecordedRun, load_recorded_run
 from twin.calibration.server import (
+    IDLE_AFTER_S,
     ReconstructionError,
     ServerSteps,
     arrival_bounds,
+    idle_wake_excess_s,
     fit_arrival_s,
     fit_front_end,
     front_end_samples,
@@ -456,6 +458,17 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
         coefficients = coefficients.model_copy(update={"first_step_s": fit_first_step_s(excess)})
         first_note = (f" first_step_s: median of the {len(excess)} runs' first-step excess "
                       f"({', '.join(f'{e * 1e3:.1f}' for e in excess)} ms), the first steps left out of the regimes.")
+    idle_wake_s = 0.0
+    idle_note = ""
+    if options.idle_wake:  # requests sent to an idle engine: their first token against the model just fitted
+        wakes = [e for r, s in zip(used, steps, strict=True)
+                 for e in idle_wake_excess_s(r, s, predict_model_s(coefficients, s.shapes), arrival_s=arrival_s,
+                                             front_end_s=base_s, per_chunk_s=per_chunk_s)]
+        idle_wake_s = max(float(np.median(wakes)), 0.0) if wakes else 0.0
+        idle_note = (f" idle_wake_s: median excess of the first token of {len(wakes)} requests sent to an engine idle "
+                     f"for at least {IDLE_AFTER_S * 1e3:.0f} ms" + (
+                         f" (quartiles {', '.join(f'{q * 1e3:.2f}' for q in np.quantile(wakes, [0.25, 0.75]))} ms)."
+                         if wakes else "."))
     resid = gaps - (base_s + per_chunk_s * chunks)
     notes = (
         f"Fitted to {len(steps)} server runs, {elapsed.size} steps reconstructed from the iteration logs (FCFS walk "
@@ -466,7 +479,7 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
         f"{np.max(gaps) * 1e3:.1f} ms; residual RMS {np.sqrt(np.mean(resid ** 2)) * 1e3:.3f} ms). "
         f"Arrival: {arrival_s * 1e3:.1f} ms is within "
         f"the bounds of {consistent} of {upper.size} requests (upper bound median {np.median(upper) * 1e3:.1f} ms). "
-        f"{regime_note}; fit_quality on every step with a positive duration." + first_note
+        f"{regime_note}; fit_quality on every step with a positive duration." + first_note + idle_note
     )
     if refused:
         notes += " Refused: " + " | ".join(refused)
@@ -478,5 +491,6 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
         provenance=Provenance(sources=[source_label(r.path) for r in used], command=command,
                               generated_on=generated_on, notes=notes),
         step_time_noise=step_time_noise(coefficients, shapes, elapsed, exclude=firsts),
+        idle_wake_s=idle_wake_s,
     )
     return ServerFit(front_end=front_end, used=[r.path for r in used], refused=refused)

@@ -32,7 +32,8 @@ class FitOptions:
     (``robust_fit``), so a difference in the host's speed between two runs is not read as a difference between
     their step shapes; the profile keeps the runs' average level. ``server_scaled_offline``: the server section's
     step-time regimes are the offline fit's terms times one factor fitted on the server runs' steps (``fit_server``)
-    instead of regimes of their own, which two server runs leave poorly conditioned."""
+    instead of regimes of their own, which two server runs leave poorly conditioned. ``idle_wake``: the extra time
+    of the first step after the engine sat idle (``ServerFrontEnd.idle_wake_s``, fitted on the server runs)."""
 
     prefill_per_request: bool = False
     first_step: bool = False
@@ -41,6 +42,7 @@ class FitOptions:
     decode_batch_change: bool = False
     run_levels: bool = False
     server_scaled_offline: bool = False
+    idle_wake: bool = False
 
 
 TRIM_MADS = 3.0  # outlier threshold in scaled median absolute deviations of log(measured / fitted)

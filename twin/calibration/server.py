@@ -193,6 +193,40 @@ def arrival_bounds(rec: RecordedRun, steps: ServerSteps, *, front_end_s: float) 
     return np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64)
 
 
+# A request reaching an engine that has run no step for at least this long is an idle wake (the profile's
+# ``server.idle_wake_s``, fitted with ``twin calibrate --idle-wake``). In the committed CPU server runs the first
+# step of a request sent to an idle engine ran +0.7 to +1.7 ms over the server fit (medians) after 0-20 ms of idle
+# time and +1.7 to +2.7 ms after more than 20 ms (docs/calibration.md, "A quiet server's first step").
+IDLE_AFTER_S = 0.02
+
+
+def idle_wake_excess_s(rec: RecordedRun, steps: ServerSteps, model_s: np.ndarray, *, arrival_s: float,
+                       front_end_s: float, per_chunk_s: float) -> list[float]:
+    """How much later than the fitted server model puts it each idle wake's first token came: for every step k
+    that starts on a request reaching an idle engine (its ready time ``send + arrival_s`` at least
+    ``IDLE_AFTER_S`` after step k-1's tokens reached the client, or k = 0) and streams that request's first token,
+    ``first token - (ready + model_s[k] + front_end_s + per_chunk_s * chunks[k])``. Only the earliest request
+    sent of the step counts (the step started on its arrival)."""
+    out: list[float] = []
+    seen: set[int] = set()
+    for r in sorted(rec.requests, key=lambda x: (x.arrival_s, x.request_id)):
+        k = steps.first_step.get(r.request_id)
+        if k is None or k in seen:
+            continue
+        seen.add(k)
+        ts = steps.token_steps.get(r.request_id)
+        if ts is None or ts.size == 0 or int(ts[0]) != k or not r.token_times_s:
+            continue
+        ready = r.arrival_s + arrival_s
+        if k > 0:
+            prev = steps.end_s.get(k - 1)
+            if prev is None or ready - prev < IDLE_AFTER_S:
+                continue
+        predicted = ready + float(model_s[k]) + front_end_s + per_chunk_s * float(steps.chunks[k])
+        out.append(r.arrival_s + r.token_times_s[0] - predicted)
+    return out
+
+
 ARRIVAL_GRID_S = 0.0005  # the arrival time is chosen on this grid (a step of a few ms cannot resolve finer)
 
 

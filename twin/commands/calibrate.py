@@ -30,6 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--date", default=None, help="provenance generated_on (YYYY-MM-DD; default today, UTC)")
     p.add_argument("--prefill-per-request", action="store_true",
                    help="fit a per-request term in the prefill regime (off by default; docs/calibration.md)")
+    p.add_argument("--idle-wake", action="store_true",
+                   help="fit the server section's extra time of the first step after the engine sat idle, applied by "
+                        "replays of server runs (off by default)")
     p.add_argument("--first-step", action="store_true",
                    help="fit the extra time of a run's first step, applied by replays (off by default)")
     p.add_argument("--decode-single-request", action="store_true",
@@ -95,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     options = FitOptions(prefill_per_request=args.prefill_per_request, first_step=args.first_step,
                          decode_single_request=args.decode_single_request, decode_context_sq=args.decode_context_sq,
                          decode_batch_change=args.decode_batch_change, run_levels=args.run_levels,
-                         server_scaled_offline=args.server_scaled_offline)
+                         server_scaled_offline=args.server_scaled_offline, idle_wake=args.idle_wake)
     if args.cross_validate:
         if args.out is not None or args.name is not None:
             print("twin calibrate: --cross-validate writes no profile (drop --out / --name)", file=sys.stderr)
@@ -114,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
                + (" --decode-context-sq" if options.decode_context_sq else "")
                + (" --decode-batch-change" if options.decode_batch_change else "")
                + (" --run-levels" if options.run_levels else "")
-               + (" --server-scaled-offline" if options.server_scaled_offline else ""))
+               + (" --server-scaled-offline" if options.server_scaled_offline else "")
+               + (" --idle-wake" if options.idle_wake else ""))
     try:
         result = calibrate(args.run_dirs, name=name, command=command, generated_on=args.date, source_label=_label,
                            options=options)
@@ -148,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
     sd, sp, sq = sv.step_time.decode, sv.step_time.prefill, sv.fit_quality
     print(f"  server front end  arrival {sv.arrival_s * 1e3:.1f} ms; per step {sv.step_time.overhead_s * 1e3:.3f} ms"
           f" + {sv.per_chunk_s * 1e3:.3f} ms per streamed chunk ({len(sv.provenance.sources)} server runs)")
+    if options.idle_wake:
+        print(f"  server idle wake  +{sv.idle_wake_s * 1e3:.3f} ms on the first step after the engine sat idle (replays only)")
     print(f"  server decode  (n={sq.decode.num_samples:>5})  base {sd.base_s * 1e3:.3f} ms + {sd.per_request_s * 1e6:.2f} us/req"
           f" + {sd.per_context_token_s * 1e9:.2f} ns/ctx tok" + _decode_terms(sd) + ";"
           f" mean |rel err| {sq.decode.mean_abs_rel_error:.1%}, max {sq.decode.max_abs_rel_error:.1%}")

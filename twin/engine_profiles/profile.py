@@ -300,6 +300,14 @@ class ServerFrontEnd(_Frozen):
     fit_quality: FitQuality
     provenance: Provenance
     step_time_noise: StepTimeNoise | None = Field(default=None, description="server-mode step-time noise (replays)")
+    idle_wake_s: float = Field(
+        default=0.0, ge=0, description="extra time of the first step after the engine was idle for at least "
+                                       "twin.calibration.server.IDLE_AFTER_S (a request sent to a quiet server); "
+                                       "0 and left out of the file unless fitted (twin calibrate --idle-wake)")
+
+    @model_serializer(mode="wrap")
+    def _leave_out_zero_terms(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return _without_zero(handler(self), ("idle_wake_s",))
 
 
 class EngineProfileSpec(_Frozen):

@@ -71,6 +71,8 @@ class Replica:
         self._step_index = 0
         self._lv_last: list[int | float | None] = [None, None, None]  # running, waiting, kv_usage as last recorded
         self.events = 0  # engine events (a step or a decode run), for benchmarks
+        # a step model that wants to hear how long the engine sat idle before a wake (replays' IdleWakeExtra)
+        self._woke_after_idle: Callable[[float], None] | None = getattr(step_model, "woke_after_idle", None)
         self.process: simpy.Process | None = None
 
     def start(self) -> None:
@@ -165,8 +167,11 @@ class Replica:
             if not eng.running and not waiting._n:  # (not eng.has_work)
                 self._wake = env.event()
                 self._idle = True
+                idle_from = env.now if self._step_index else -_INF  # before the first step: idle all along
                 yield self._wake
                 self._idle = False
+                if self._woke_after_idle is not None:
+                    self._woke_after_idle(env.now - idle_from)
                 continue
             step = eng.schedule(env.now)
             if step is None:

@@ -1,0 +1,87 @@
+"""The server section's optional idle-wake term (``twin calibrate --idle-wake``): what it fits on a committed
+session's sweep, that a replay adds it to the first step after an idle spell only, and that it stays out of a
+profile unless fitted (docs/calibration.md, "A quiet server's first step")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from twin.calibration.calibrate import FitOptions, calibrate
+from twin.calibration.recorded import load_recorded_run
+from twin.calibration.regimes import predict_model_s
+from twin.calibration.server import IDLE_AFTER_S, idle_wake_excess_s, reconstruct
+from twin.engine_profiles import load_profile
+from twin.engine_profiles.derive import write_spec
+from twin.replay import IdleWakeExtra, replay
+
+ROOT = Path(__file__).resolve().parent / "fixtures" / "calibration" / "cpu-tiny-llama-offlinewarm2"
+SWEEP = sorted(p for p in (ROOT / "calibration").iterdir() if (p / "run.json").exists())
+BURSTY = ROOT / "held-out-repeat2" / "heldout-server-bursty"
+
+
+def test_the_fit_adds_the_term_and_changes_nothing_else(tmp_path: Path) -> None:
+    committed = load_profile(str(ROOT / "cpu-tiny-llama.yaml")).spec
+    spec = calibrate(SWEEP, name="cpu-tiny-llama", command="t", options=FitOptions(idle_wake=True)).spec
+    assert committed.server is not None and spec.server is not None and committed.server.idle_wake_s == 0.0
+    # on this quiet session a request sent to an idle server got its first token ~4 ms later than the fit put it
+    assert 0.003 < spec.server.idle_wake_s < 0.005
+    assert spec.server.model_copy(update={"idle_wake_s": 0.0, "provenance": committed.server.provenance}) \
+        == committed.server
+    assert spec.step_time == committed.step_time
+    write_spec(spec, tmp_path / "p.yaml")
+    assert "idle_wake_s" in (tmp_path / "p.yaml").read_text()
+    assert load_profile(str(tmp_path / "p.yaml")).spec.server.idle_wake_s == spec.server.idle_wake_s
+    assert "idle_wake_s" not in (ROOT / "cpu-tiny-llama.yaml").read_text()
+
+
+def test_the_excess_counts_each_idle_wake_once_from_its_earliest_request() -> None:
+    rec = load_recorded_run(SWEEP[-1])  # sweep-server-rate-6: Poisson sends, many to an idle engine
+    steps = reconstruct(rec)
+    srv = load_profile(str(ROOT / "cpu-tiny-llama.yaml")).spec.server
+    model_s = predict_model_s(srv.step_time, steps.shapes)
+    wakes = idle_wake_excess_s(rec, steps, model_s, arrival_s=srv.arrival_s, front_end_s=srv.step_time.overhead_s,
+                               per_chunk_s=srv.per_chunk_s)
+    first_steps = sorted(set(steps.first_step.values()))
+    idle = [k for k in first_steps
+            if k == 0 or (k - 1 in steps.end_s and min(r.arrival_s for r in rec.requests
+                                                       if steps.first_step[r.request_id] == k)
+                          + srv.arrival_s - steps.end_s[k - 1] >= IDLE_AFTER_S)]
+    assert 0 < len(wakes) <= len(idle) < len(first_steps)
+    assert float(np.median(wakes)) > 0.0
+
+
+def test_a_replay_adds_the_term_to_the_first_step_after_an_idle_spell(tmp_path: Path) -> None:
+    spec = load_profile(str(ROOT / "cpu-tiny-llama.yaml")).spec
+    write_spec(spec.model_copy(update={"server": spec.server.model_copy(update={"idle_wake_s": 0.010})}),
+               tmp_path / "wake.yaml")
+    rec = load_recorded_run(BURSTY)
+    a = replay(rec, profile=str(ROOT / "cpu-tiny-llama.yaml"), noise=False).tables["requests"].to_pydict()
+    b = replay(rec, profile=str(tmp_path / "wake.yaml"), noise=False).tables["requests"].to_pydict()
+    ttft_a = dict(zip(a["request_id"], a["ttft_s"], strict=True))
+    ttft_b = dict(zip(b["request_id"], b["ttft_s"], strict=True))
+    first = min(rec.requests, key=lambda r: r.arrival_s).request_id  # the run's first request: an idle engine
+    assert ttft_b[first] == pytest.approx(ttft_a[first] + 0.010, abs=1e-12)
+    assert sum(ttft_b[k] > ttft_a[k] + 0.009 for k in ttft_a) >= 10  # every later idle wake too
+
+
+def test_the_wrapper_charges_one_step_per_wake_and_only_after_the_threshold() -> None:
+    class Flat:
+        overhead_s = 0.0
+
+        def step_time_s(self, shape) -> float:  # noqa: ANN001
+            return 0.001
+
+        def decode_run_s(self, decode_requests: int, decode_context_tokens: int, num_steps: int) -> np.ndarray:
+            return np.full(num_steps, 0.001)
+
+    m = IdleWakeExtra(Flat(), 0.004, IDLE_AFTER_S)
+    m.woke_after_idle(IDLE_AFTER_S / 2)
+    assert m.step_time_s(None) == 0.001
+    m.woke_after_idle(IDLE_AFTER_S)
+    assert m.step_time_s(None) == pytest.approx(0.005) and m.step_time_s(None) == 0.001
+    m.woke_after_idle(float("inf"))
+    assert m.decode_run_s(1, 10, 3).tolist() == pytest.approx([0.005, 0.001, 0.001])
+    assert m.decode_run_s(1, 10, 2).tolist() == [0.001, 0.001]
