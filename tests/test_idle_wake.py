@@ -12,7 +12,7 @@ import pytest
 from twin.calibration.calibrate import FitOptions, calibrate
 from twin.calibration.recorded import load_recorded_run
 from twin.calibration.regimes import predict_model_s
-from twin.calibration.server import IDLE_AFTER_S, idle_wake_excess_s, reconstruct
+from twin.calibration.server import IDLE_AFTER_S, idle_wake_excess_s, idle_wakes, reconstruct
 from twin.engine_profiles import load_profile
 from twin.engine_profiles.derive import write_spec
 from twin.replay import IdleWakeExtra, replay
@@ -22,15 +22,20 @@ SWEEP = sorted(p for p in (ROOT / "calibration").iterdir() if (p / "run.json").e
 BURSTY = ROOT / "held-out-repeat2" / "heldout-server-bursty"
 
 
-def test_the_fit_adds_the_term_and_changes_nothing_else(tmp_path: Path) -> None:
+def test_the_fit_adds_the_term_and_leaves_the_wakes_out_of_the_server_prefill_regime(tmp_path: Path) -> None:
     committed = load_profile(str(ROOT / "cpu-tiny-llama.yaml")).spec
     spec = calibrate(SWEEP, name="cpu-tiny-llama", command="t", options=FitOptions(idle_wake=True)).spec
     assert committed.server is not None and spec.server is not None and committed.server.idle_wake_s == 0.0
     # on this quiet session a request sent to an idle server got its first token ~4 ms later than the fit put it
     assert 0.003 < spec.server.idle_wake_s < 0.005
-    assert spec.server.model_copy(update={"idle_wake_s": 0.0, "provenance": committed.server.provenance}) \
-        == committed.server
-    assert spec.step_time == committed.step_time
+    assert spec.step_time == committed.step_time  # the offline fit is not touched
+    srv, old = spec.server, committed.server
+    assert (srv.arrival_s, srv.per_chunk_s, srv.step_time.overhead_s, srv.step_time.decode) == \
+        (old.arrival_s, old.per_chunk_s, old.step_time.overhead_s, old.step_time.decode)
+    # the 15 wakes' steps are prefill steps, left out of that regime and of its noise table
+    assert srv.step_time.prefill != old.step_time.prefill
+    assert srv.step_time_noise.num_samples["prefill"] == old.step_time_noise.num_samples["prefill"] - 15
+    assert "median excess of the first token of 15 requests" in srv.provenance.notes
     write_spec(spec, tmp_path / "p.yaml")
     assert "idle_wake_s" in (tmp_path / "p.yaml").read_text()
     assert load_profile(str(tmp_path / "p.yaml")).spec.server.idle_wake_s == spec.server.idle_wake_s
@@ -42,8 +47,8 @@ def test_the_excess_counts_each_idle_wake_once_from_its_earliest_request() -> No
     steps = reconstruct(rec)
     srv = load_profile(str(ROOT / "cpu-tiny-llama.yaml")).spec.server
     model_s = predict_model_s(srv.step_time, steps.shapes)
-    wakes = idle_wake_excess_s(rec, steps, model_s, arrival_s=srv.arrival_s, front_end_s=srv.step_time.overhead_s,
-                               per_chunk_s=srv.per_chunk_s)
+    wakes = idle_wake_excess_s(idle_wakes(rec, steps, arrival_s=srv.arrival_s), steps, model_s,
+                               front_end_s=srv.step_time.overhead_s, per_chunk_s=srv.per_chunk_s)
     first_steps = sorted(set(steps.first_step.values()))
     idle = [k for k in first_steps
             if k == 0 or (k - 1 in steps.end_s and min(r.arrival_s for r in rec.requests

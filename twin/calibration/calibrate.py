@@ -46,6 +46,7 @@ from twin.calibration.server import (
     ServerSteps,
     arrival_bounds,
     idle_wake_excess_s,
+    idle_wakes,
     fit_arrival_s,
     fit_front_end,
     front_end_samples,
@@ -428,6 +429,18 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
     elapsed = np.concatenate([s.elapsed_s for s in steps])
     lengths = [len(s.shapes) for s in steps]
     firsts = _first_steps(lengths) if options.first_step else None
+    bounds = [arrival_bounds(r, s, front_end_s=base_s) for r, s in zip(used, steps, strict=True)]
+    lower = np.concatenate([lo for lo, _ in bounds])
+    upper = np.concatenate([hi for _, hi in bounds])
+    arrival_s, consistent = fit_arrival_s(lower, upper)
+    wakes = [idle_wakes(r, s, arrival_s=arrival_s) for r, s in zip(used, steps, strict=True)] \
+        if options.idle_wake else None
+    if wakes is not None:  # the idle wakes' steps out of the regimes (and the noise), as the first steps above
+        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        woken = np.zeros(int(sum(lengths)), dtype=bool)
+        for off, w in zip(offsets, wakes, strict=True):
+            woken[[off + k for k, _, _ in w]] = True
+        firsts = woken if firsts is None else firsts | woken
     if options.server_scaled_offline:
         if offline is None:
             raise CalibrationError("server_scaled_offline needs the offline fit's coefficients")
@@ -442,10 +455,6 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
             raise CalibrationError(f"cannot fit the server step-time regimes: {exc}") from exc
         coefficients = fit.coefficients
         regime_note = f"Step regimes: relative-error NNLS without {int((~keep).sum())} of {keep.size} outlier steps"
-    bounds = [arrival_bounds(r, s, front_end_s=base_s) for r, s in zip(used, steps, strict=True)]
-    lower = np.concatenate([lo for lo, _ in bounds])
-    upper = np.concatenate([hi for _, hi in bounds])
-    arrival_s, consistent = fit_arrival_s(lower, upper)
     first_note = ""
     if options.first_step:  # the first request sent: its first token, from its send plus the arrival time
         excess = []
@@ -460,15 +469,15 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
                       f"({', '.join(f'{e * 1e3:.1f}' for e in excess)} ms), the first steps left out of the regimes.")
     idle_wake_s = 0.0
     idle_note = ""
-    if options.idle_wake:  # requests sent to an idle engine: their first token against the model just fitted
-        wakes = [e for r, s in zip(used, steps, strict=True)
-                 for e in idle_wake_excess_s(r, s, predict_model_s(coefficients, s.shapes), arrival_s=arrival_s,
-                                             front_end_s=base_s, per_chunk_s=per_chunk_s)]
-        idle_wake_s = max(float(np.median(wakes)), 0.0) if wakes else 0.0
-        idle_note = (f" idle_wake_s: median excess of the first token of {len(wakes)} requests sent to an engine idle "
-                     f"for at least {IDLE_AFTER_S * 1e3:.0f} ms" + (
-                         f" (quartiles {', '.join(f'{q * 1e3:.2f}' for q in np.quantile(wakes, [0.25, 0.75]))} ms)."
-                         if wakes else "."))
+    if wakes is not None:  # requests sent to an idle engine: their first token against the model just fitted
+        excess = [e for w, s in zip(wakes, steps, strict=True)
+                  for e in idle_wake_excess_s(w, s, predict_model_s(coefficients, s.shapes), front_end_s=base_s,
+                                              per_chunk_s=per_chunk_s)]
+        idle_wake_s = max(float(np.median(excess)), 0.0) if excess else 0.0
+        idle_note = (f" idle_wake_s: median excess of the first token of {len(excess)} requests sent to an engine idle "
+                     f"for at least {IDLE_AFTER_S * 1e3:.0f} ms, their steps left out of the regimes" + (
+                         f" (quartiles {', '.join(f'{q * 1e3:.2f}' for q in np.quantile(excess, [0.25, 0.75]))} ms)."
+                         if excess else "."))
     resid = gaps - (base_s + per_chunk_s * chunks)
     notes = (
         f"Fitted to {len(steps)} server runs, {elapsed.size} steps reconstructed from the iteration logs (FCFS walk "

@@ -33,7 +33,8 @@ class FitOptions:
     their step shapes; the profile keeps the runs' average level. ``server_scaled_offline``: the server section's
     step-time regimes are the offline fit's terms times one factor fitted on the server runs' steps (``fit_server``)
     instead of regimes of their own, which two server runs leave poorly conditioned. ``idle_wake``: the extra time
-    of the first step after the engine sat idle (``ServerFrontEnd.idle_wake_s``, fitted on the server runs)."""
+    of the first step after the engine sat idle (``ServerFrontEnd.idle_wake_s``, fitted on the server runs, whose
+    idle wakes it leaves out of the server regimes)."""
 
     prefill_per_request: bool = False
     first_step: bool = False

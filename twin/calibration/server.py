@@ -200,14 +200,11 @@ def arrival_bounds(rec: RecordedRun, steps: ServerSteps, *, front_end_s: float) 
 IDLE_AFTER_S = 0.02
 
 
-def idle_wake_excess_s(rec: RecordedRun, steps: ServerSteps, model_s: np.ndarray, *, arrival_s: float,
-                       front_end_s: float, per_chunk_s: float) -> list[float]:
-    """How much later than the fitted server model puts it each idle wake's first token came: for every step k
-    that starts on a request reaching an idle engine (its ready time ``send + arrival_s`` at least
-    ``IDLE_AFTER_S`` after step k-1's tokens reached the client, or k = 0) and streams that request's first token,
-    ``first token - (ready + model_s[k] + front_end_s + per_chunk_s * chunks[k])``. Only the earliest request
-    sent of the step counts (the step started on its arrival)."""
-    out: list[float] = []
+def idle_wakes(rec: RecordedRun, steps: ServerSteps, *, arrival_s: float) -> list[tuple[int, float, float]]:
+    """The steps that start on a request reaching an idle engine, as ``(step, ready_s, first_token_s)``: step k is
+    one when its earliest-sent request's ready time (``send + arrival_s``) is at least ``IDLE_AFTER_S`` after step
+    k-1's tokens reached the client (or k = 0), and that request's first token came from step k."""
+    out: list[tuple[int, float, float]] = []
     seen: set[int] = set()
     for r in sorted(rec.requests, key=lambda x: (x.arrival_s, x.request_id)):
         k = steps.first_step.get(r.request_id)
@@ -222,9 +219,16 @@ def idle_wake_excess_s(rec: RecordedRun, steps: ServerSteps, model_s: np.ndarray
             prev = steps.end_s.get(k - 1)
             if prev is None or ready - prev < IDLE_AFTER_S:
                 continue
-        predicted = ready + float(model_s[k]) + front_end_s + per_chunk_s * float(steps.chunks[k])
-        out.append(r.arrival_s + r.token_times_s[0] - predicted)
+        out.append((k, ready, r.arrival_s + r.token_times_s[0]))
     return out
+
+
+def idle_wake_excess_s(wakes: list[tuple[int, float, float]], steps: ServerSteps, model_s: np.ndarray, *,
+                       front_end_s: float, per_chunk_s: float) -> list[float]:
+    """How much later than the fitted server model puts it each idle wake's first token came (``idle_wakes``):
+    ``first token - (ready + model_s[k] + front_end_s + per_chunk_s * chunks[k])``."""
+    return [t - (ready + float(model_s[k]) + front_end_s + per_chunk_s * float(steps.chunks[k]))
+            for k, ready, t in wakes]
 
 
 ARRIVAL_GRID_S = 0.0005  # the arrival time is chosen on this grid (a step of a few ms cannot resolve finer)
