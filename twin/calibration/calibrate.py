@@ -45,11 +45,11 @@ from twin.calibration.server import (
     ReconstructionError,
     ServerSteps,
     arrival_bounds,
-    idle_wake_excess_s,
-    idle_wakes,
     fit_arrival_s,
     fit_front_end,
     front_end_samples,
+    idle_wake_excess_s,
+    idle_wakes,
     reconstruct,
 )
 from twin.engine_profiles.profile import (

@@ -153,7 +153,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"  server front end  arrival {sv.arrival_s * 1e3:.1f} ms; per step {sv.step_time.overhead_s * 1e3:.3f} ms"
           f" + {sv.per_chunk_s * 1e3:.3f} ms per streamed chunk ({len(sv.provenance.sources)} server runs)")
     if options.idle_wake:
-        print(f"  server idle wake  +{sv.idle_wake_s * 1e3:.3f} ms on the first step after the engine sat idle (replays only)")
+        print(f"  server idle wake  +{sv.idle_wake_s * 1e3:.3f} ms on the first step after the engine sat idle"
+              " (replays only)")
     print(f"  server decode  (n={sq.decode.num_samples:>5})  base {sd.base_s * 1e3:.3f} ms + {sd.per_request_s * 1e6:.2f} us/req"
           f" + {sd.per_context_token_s * 1e9:.2f} ns/ctx tok" + _decode_terms(sd) + ";"
           f" mean |rel err| {sq.decode.mean_abs_rel_error:.1%}, max {sq.decode.max_abs_rel_error:.1%}")
