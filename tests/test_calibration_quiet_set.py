@@ -34,16 +34,17 @@ PREFILLWARM2 = QUIET.parent / "cpu-tiny-llama-prefillwarm2"  # the same again, r
 PREFILLWARM3 = QUIET.parent / "cpu-tiny-llama-prefillwarm3"  # the same from nothing (vLLM installed), 10 minutes later
 OFFLINEWARM = QUIET.parent / "cpu-tiny-llama-offlinewarm"  # the same with the offline warm-up, on a new VM that evening
 OFFLINEWARM2 = QUIET.parent / "cpu-tiny-llama-offlinewarm2"  # the one command from nothing on another new VM, 12-03
+SENDORDER = QUIET.parent / "cpu-tiny-llama-sendorder"  # the same, 2.7 h later on that VM, send order fixed
 
 
 @pytest.mark.parametrize("root", [QUIET, QUIET2, WARM, WARM2, PINNED_BUSY, PINNED_QUIET, PROBE, PROBE2, INTERLEAVED,
                                   INTERLEAVED2, INTERLEAVED3, INTERLEAVED4, FRESHHOST, FRESHHOST2,
                                   FRESHHOST2_REPEAT, FRESHHOST3, PREFILLWARM, PREFILLWARM2,
-                                  PREFILLWARM3, OFFLINEWARM, OFFLINEWARM2],
+                                  PREFILLWARM3, OFFLINEWARM, OFFLINEWARM2, SENDORDER],
                          ids=["quiet", "quiet2", "warm", "warm2", "pinned-busy", "pinned-quiet", "probe", "probe2",
                               "interleaved", "interleaved2", "interleaved3", "interleaved4", "freshhost",
                               "freshhost2", "freshhost2-repeat", "freshhost3", "prefillwarm", "prefillwarm2",
-                              "prefillwarm3", "offlinewarm", "offlinewarm2"])
+                              "prefillwarm3", "offlinewarm", "offlinewarm2", "sendorder"])
 def test_the_committed_profile_is_the_fit_of_the_committed_sweep(root: Path) -> None:
     runs = sorted(p for p in (root / "calibration").iterdir() if (p / "run.json").exists())
     assert len(runs) == 9
@@ -98,10 +99,10 @@ def test_the_committed_fidelity_table_is_what_fidelity_gives() -> None:
     (FRESHHOST3, None, "fidelity-held-out.json", 153, 65),
     (PREFILLWARM, None, "fidelity-held-out.json", 160, 72), (PREFILLWARM2, None, "fidelity-held-out.json", 154, 68),
     (PREFILLWARM3, None, "fidelity-held-out.json", 138, 58), (OFFLINEWARM, None, "fidelity-held-out.json", 156, 69),
-    (OFFLINEWARM2, None, "fidelity-held-out.json", 156, 69)],
+    (OFFLINEWARM2, None, "fidelity-held-out.json", 156, 69), (SENDORDER, None, "fidelity-held-out.json", 155, 68)],
     ids=["quiet2", "quiet2-no-noise", "warm", "warm2", "pinned-busy", "pinned-quiet", "probe", "probe2", "interleaved",
          "interleaved2", "interleaved3", "interleaved4", "freshhost", "freshhost2", "freshhost2-repeat",
-         "freshhost3", "prefillwarm", "prefillwarm2", "prefillwarm3", "offlinewarm", "offlinewarm2"])
+         "freshhost3", "prefillwarm", "prefillwarm2", "prefillwarm3", "offlinewarm", "offlinewarm2", "sendorder"])
 def test_the_four_repeat_sessions_tables_are_what_fidelity_gives(root: Path, noise: bool | None, name: str,
                                                                  passed: int, latency_passed: int) -> None:
     """The second quiet set and the warm-server set: four repeats recorded back to back after their own sweep
