@@ -1,7 +1,11 @@
-"""``twin fidelity --profile P RUN_DIR... [--json FILE]``: the twin's error on recorded runs, item by item.
+"""``twin fidelity --profile P RUN_DIR... [--json FILE] [--steps]``: the twin's error on recorded runs, by item.
 
-A report, not a gate: exit 0 even when items fail; 2 on bad input (a missing or malformed run folder, an
-unknown profile or one without step-time coefficients).
+``--steps`` prints instead where the profile's step-time model is off, regime by regime (recorded step time over
+the model's, binned by decode batch, prompt tokens, prefill requests, attention context, idle wakes:
+``twin.calibration.residuals``); it replays nothing but the offline runs' recorded steps, so it takes seconds.
+
+A report, not a gate: exit 0 even when items fail or bins are biased; 2 on bad input (a missing or malformed run
+folder, an unknown profile or one without step-time coefficients).
 """
 
 from __future__ import annotations
@@ -23,6 +27,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draws", type=int, default=1,
                    help="with noise: replay each run with this many noise draws and judge their median "
                         "(default 1: one draw, the table as before)")
+    p.add_argument("--steps", action="store_true",
+                   help="instead of the error table: the step-time model's residuals by regime (recorded / model "
+                        "step time per bin, flagged where the median's 95%% interval is outside 1 +- --bias)")
+    p.add_argument("--bias", type=float, default=0.05,
+                   help="with --steps: the relative bias a bin's median must clearly exceed to be flagged "
+                        "(default 0.05)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,6 +41,11 @@ def run(args: argparse.Namespace) -> int:
     from twin.commands._report import print_report
     from twin.engine_profiles import UnknownProfileError
 
+    if args.steps:
+        from twin.calibration.residuals import format_residuals, step_residuals
+
+        return print_report("fidelity", lambda: step_residuals(args.run_dirs, profile=args.profile, bias=args.bias),
+                            format_residuals, args.json, (RecordedRunError, UnknownProfileError, ValueError, OSError))
     if not 0 < args.tolerance < 10:
         print("twin fidelity: --tolerance must be a positive fraction", file=sys.stderr)
         return 2
