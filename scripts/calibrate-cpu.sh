@@ -13,7 +13,9 @@
 #    the two server sweep runs (sweep-server-rate-6, -14) the profile's server section (API front end);
 # 5. `twin fidelity --profile OUT/<model>.yaml OUT/held-out*/* --draws K`, also written as
 #    OUT/fidelity-held-out.json: each held-out run replayed with K draws of the fitted step-time noise (default 9),
-#    the twin's value their median (docs/calibration.md, "The twin's value over noise draws").
+#    the twin's value their median (docs/calibration.md, "The twin's value over noise draws");
+# 6. `twin fidelity --steps` over every run recorded: where the profile's step-time model is off, regime by regime
+#    (docs/calibration.md, "Step-time residuals by regime"), also written as OUT/step-residuals.json.
 #
 # On a 2-core machine one recording takes about a minute (engine start-up included); the default run
 # records 9 + 3 workloads. Re-running skips workloads whose folder already has a run.json.
@@ -33,7 +35,7 @@ while [[ $# -gt 0 ]]; do
         --heldout-repeats) REPEATS="$2"; shift 2 ;;
         --draws) DRAWS="$2"; shift 2 ;;
         --vllm-venv) VLLM_VENV="$2"; shift 2 ;;
-        -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "calibrate-cpu: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -74,3 +76,7 @@ echo "== fitting $OUT/$MODEL.yaml"
 echo "== fidelity on the held-out runs"
 "$PY" -m twin fidelity --profile "$OUT/$MODEL.yaml" "${HELDOUT_RUNS[@]}" --draws "$DRAWS" \
     --json "$OUT/fidelity-held-out.json"
+
+echo "== step-time residuals by regime (all runs)"
+"$PY" -m twin fidelity --profile "$OUT/$MODEL.yaml" "$OUT"/calibration/*/ "${HELDOUT_RUNS[@]}" --steps \
+    --json "$OUT/step-residuals.json"
