@@ -391,6 +391,23 @@ def _scaled_offline(offline: StepTimeCoefficients, shapes: Sequence[StepShape], 
     return coefficients, keep, scale
 
 
+def _offline_attention(offline: StepTimeCoefficients, shapes: Sequence[StepShape], elapsed: np.ndarray, *,
+                       exclude: np.ndarray | None) -> tuple[float, float, int]:
+    """The server section's fixed ``per_attention_pair_s`` (``FitOptions.server_offline_attention``): the offline
+    fit's times the server runs' speed against the offline model, the median of measured over offline-predicted
+    model time on their prefill-carrying steps with both positive (``exclude``d steps left out). The offline sweep
+    has a shared-prefix run, which separates attention work from tokens; the server sweep's prompts share nothing.
+    Returns ``(per_attention_pair_s, speed, steps)``."""
+    pred = predict_model_s(offline, shapes)
+    keep = (elapsed > 0) & (pred > 0) & np.array([s.prefill_requests > 0 for s in shapes], dtype=bool)
+    if exclude is not None:
+        keep &= ~exclude
+    if not keep.any():
+        raise CalibrationError("server_offline_attention: no server prefill step with a positive duration")
+    speed = float(np.median(elapsed[keep] / pred[keep]))
+    return offline.prefill.per_attention_pair_s * speed, speed, int(keep.sum())
+
+
 @dataclass
 class ServerFit:
     front_end: ServerFrontEnd
@@ -448,13 +465,21 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
         regime_note = (f"Step regimes: the offline fit's terms times {scale:.4f}, the median of measured / offline-"
                        f"predicted model time over {int(keep.sum())} of {keep.size} steps (server_scaled_offline)")
     else:
+        fixed_pair_s, attention_note = None, ""
+        if options.server_offline_attention:
+            if offline is None:
+                raise CalibrationError("server_offline_attention needs the offline fit's coefficients")
+            fixed_pair_s, speed, n = _offline_attention(offline, shapes, elapsed, exclude=firsts)
+            attention_note = (f"; per_attention_pair_s the offline fit's times {speed:.4f}, the median of measured / "
+                              f"offline-predicted model time over {n} prefill steps (server_offline_attention)")
         try:
             fit, keep = robust_fit(shapes, elapsed, overhead_s=float(base_s), exclude=firsts, options=options,
-                                   runs=_run_index(lengths))
+                                   runs=_run_index(lengths), fixed_attention_pair_s=fixed_pair_s)
         except ValueError as exc:
             raise CalibrationError(f"cannot fit the server step-time regimes: {exc}") from exc
         coefficients = fit.coefficients
-        regime_note = f"Step regimes: relative-error NNLS without {int((~keep).sum())} of {keep.size} outlier steps"
+        regime_note = (f"Step regimes: relative-error NNLS without {int((~keep).sum())} of {keep.size} outlier steps"
+                       + attention_note)
     first_note = ""
     if options.first_step:  # the first request sent: its first token, from its send plus the arrival time
         excess = []

@@ -34,7 +34,10 @@ class FitOptions:
     step-time regimes are the offline fit's terms times one factor fitted on the server runs' steps (``fit_server``)
     instead of regimes of their own, which two server runs leave poorly conditioned. ``idle_wake``: the extra time
     of the first step after the engine sat idle (``ServerFrontEnd.idle_wake_s``, fitted on the server runs, whose
-    idle wakes it leaves out of the server regimes)."""
+    idle wakes it leaves out of the server regimes). ``server_offline_attention``: the server section's
+    ``per_attention_pair_s`` is the offline fit's times the server runs' speed against the offline model (the median
+    of measured over offline-predicted model time on their prefill steps), and the server runs fit the other terms:
+    two server runs without a shared prefix leave the attention term nearly collinear with the token term."""
 
     prefill_per_request: bool = False
     first_step: bool = False
@@ -44,6 +47,7 @@ class FitOptions:
     run_levels: bool = False
     server_scaled_offline: bool = False
     idle_wake: bool = False
+    server_offline_attention: bool = False
 
 
 TRIM_MADS = 3.0  # outlier threshold in scaled median absolute deviations of log(measured / fitted)
@@ -70,8 +74,8 @@ RUN_LEVEL_TOL = 1e-7
 
 def robust_fit(shapes: Sequence[StepShape], elapsed_s: np.ndarray, *, overhead_s: float,
                prefill_per_request: bool = False, exclude: np.ndarray | None = None,
-               options: FitOptions | None = None, runs: Sequence[int] | None = None
-               ) -> tuple[StepTimeFit, np.ndarray]:
+               options: FitOptions | None = None, runs: Sequence[int] | None = None,
+               fixed_attention_pair_s: float | None = None) -> tuple[StepTimeFit, np.ndarray]:
     """``fit_step_time`` on the recorded durations, refitted without outlier steps until the kept set is stable.
 
     Returns the fit and the mask of steps it used. A step is an outlier when ``|log(measured / fitted)|``
@@ -79,7 +83,7 @@ def robust_fit(shapes: Sequence[StepShape], elapsed_s: np.ndarray, *, overhead_s
     median; steps with a zero duration, and those ``exclude`` marks (a run's first step when ``first_step_s`` is
     fitted), are never used. ``prefill_per_request``: ``fit_step_time``'s fifth prefill column; ``options`` (its
     ``prefill_per_request`` counts too): the decode regime's optional columns, the batch-change flags taken over the
-    whole ``shapes`` sequence (runs in order).
+    whole ``shapes`` sequence (runs in order). ``fixed_attention_pair_s``: ``fit_step_time``'s, not fitted.
 
     With ``options.run_levels`` (``runs``: each step's run, required then), every run's durations are divided by
     that run's level before the coefficients are fitted, and the levels (the median of measured / fitted over the
@@ -109,7 +113,8 @@ def robust_fit(shapes: Sequence[StepShape], elapsed_s: np.ndarray, *, overhead_s
                                 prefill_per_request=prefill_per_request or opts.prefill_per_request,
                                 decode_single_request=opts.decode_single_request,
                                 decode_context_sq=opts.decode_context_sq,
-                                decode_batch_changed=None if changed is None else changed[idx])
+                                decode_batch_changed=None if changed is None else changed[idx],
+                                fixed_attention_pair_s=fixed_attention_pair_s)
             if opts.run_levels:
                 before = level
                 level = _run_levels(elapsed_s / predict_model_s(fit.coefficients, shapes), run_of, keep)

@@ -48,6 +48,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--server-scaled-offline", action="store_true",
                    help="the server section's step time as the offline fit's terms times one fitted factor, not "
                         "regimes of its own (off by default; docs/calibration.md)")
+    p.add_argument("--server-offline-attention", action="store_true",
+                   help="the server section's attention term (per_attention_pair_s) from the offline fit, scaled by "
+                        "the server runs' speed; the other server terms fitted as before (off by default; "
+                        "docs/calibration.md)")
     p.add_argument("--cross-validate", action="store_true",
                    help="write no profile: leave each run out of the fit in turn and print the error on it")
     p.add_argument("--noise", action=argparse.BooleanOptionalAction, default=None,
@@ -98,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
     options = FitOptions(prefill_per_request=args.prefill_per_request, first_step=args.first_step,
                          decode_single_request=args.decode_single_request, decode_context_sq=args.decode_context_sq,
                          decode_batch_change=args.decode_batch_change, run_levels=args.run_levels,
-                         server_scaled_offline=args.server_scaled_offline, idle_wake=args.idle_wake)
+                         server_scaled_offline=args.server_scaled_offline, idle_wake=args.idle_wake,
+                         server_offline_attention=args.server_offline_attention)
     if args.cross_validate:
         if args.out is not None or args.name is not None:
             print("twin calibrate: --cross-validate writes no profile (drop --out / --name)", file=sys.stderr)
@@ -118,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
                + (" --decode-batch-change" if options.decode_batch_change else "")
                + (" --run-levels" if options.run_levels else "")
                + (" --server-scaled-offline" if options.server_scaled_offline else "")
-               + (" --idle-wake" if options.idle_wake else ""))
+               + (" --idle-wake" if options.idle_wake else "")
+               + (" --server-offline-attention" if options.server_offline_attention else ""))
     try:
         result = calibrate(args.run_dirs, name=name, command=command, generated_on=args.date, source_label=_label,
                            options=options)

@@ -73,7 +73,7 @@ def _fit_regime(features: np.ndarray, y: np.ndarray, name: str) -> tuple[np.ndar
 def fit_step_time(
     shapes: Sequence[StepShape], elapsed_s: Sequence[float], *, overhead_s: float | None = None,
     prefill_per_request: bool = False, decode_single_request: bool = False, decode_context_sq: bool = False,
-    decode_batch_changed: Sequence[bool] | None = None,
+    decode_batch_changed: Sequence[bool] | None = None, fixed_attention_pair_s: float | None = None,
 ) -> StepTimeFit:
     """Fit both regimes to measured (or modelled) step durations.
 
@@ -86,7 +86,8 @@ def fit_step_time(
     ``[decode_requests == 1]`` into ``single_request_s``; ``decode_context_sq``, ``decode_context_tokens**2 /
     decode_requests`` into ``per_context_token_sq_s``; ``decode_batch_changed``, one flag per step (from
     ``profile.decode_batch_changed`` over the run's full step sequence, since ``shapes`` may be a subset), into
-    ``batch_change_s``.
+    ``batch_change_s``. ``fixed_attention_pair_s``: the prefill regime's ``per_attention_pair_s`` is this value, not
+    fitted (its time is taken off the prefill steps' durations before the other terms are fitted).
     """
     if len(shapes) != len(elapsed_s):
         raise ValueError("shapes and elapsed_s must have the same length")
@@ -115,7 +116,16 @@ def fit_step_time(
             for i in pre
         ]
     ).reshape(-1, 5 if prefill_per_request else 4)
-    xp, _ = _fit_regime(fp, y_all[pre], "prefill-carrying steps")
+    if fixed_attention_pair_s is None:
+        xp, _ = _fit_regime(fp, y_all[pre], "prefill-carrying steps")
+    else:  # the pairs column out of the fit, its fixed time off the durations (weights still 1 / duration)
+        if fixed_attention_pair_s < 0:
+            raise ValueError("fixed_attention_pair_s must be >= 0")
+        if y_all[pre].size < fp.shape[1] - 1 or np.any(y_all[pre] <= 0):
+            raise ValueError("prefill-carrying steps: too few, or a duration (after overhead) not positive")
+        w = 1.0 / y_all[pre]
+        xr = nnls(np.delete(fp, 2, axis=1) * w[:, None], (y_all[pre] - fixed_attention_pair_s * fp[:, 2]) * w)
+        xp = np.insert(xr, 2, fixed_attention_pair_s)
     coefficients = StepTimeCoefficients(
         overhead_s=ovh,
         decode=DecodeCoefficients(base_s=xd[0], per_request_s=xd[1], per_context_token_s=xd[2], **terms),
