@@ -375,13 +375,8 @@ def _scaled_offline(offline: StepTimeCoefficients, shapes: Sequence[StepShape], 
     speed during the run and the front end (fitted apart), and one factor from ~2,000 steps is better conditioned
     than five terms from two runs. Returns the coefficients (overhead = ``overhead_s``, no first-step term), the steps
     used and the factor."""
-    pred = predict_model_s(offline, shapes)
-    keep = (elapsed > 0) & (pred > 0)
-    if exclude is not None:
-        keep &= ~exclude
-    if not keep.any():
-        raise CalibrationError("cannot scale the offline regimes: no server step with a positive duration")
-    scale = float(np.median(elapsed[keep] / pred[keep]))
+    scale, keep = _speed_against(offline, shapes, elapsed, exclude=exclude, prefill_only=False,
+                                 what="cannot scale the offline regimes")
 
     def times(c):  # every term of a regime is a time: scale them all
         return type(c)(**{k: v * scale for k, v in c.model_dump().items()})
@@ -394,18 +389,28 @@ def _scaled_offline(offline: StepTimeCoefficients, shapes: Sequence[StepShape], 
 def _offline_attention(offline: StepTimeCoefficients, shapes: Sequence[StepShape], elapsed: np.ndarray, *,
                        exclude: np.ndarray | None) -> tuple[float, float, int]:
     """The server section's fixed ``per_attention_pair_s`` (``FitOptions.server_offline_attention``): the offline
-    fit's times the server runs' speed against the offline model, the median of measured over offline-predicted
-    model time on their prefill-carrying steps with both positive (``exclude``d steps left out). The offline sweep
-    has a shared-prefix run, which separates attention work from tokens; the server sweep's prompts share nothing.
+    fit's times the server runs' speed on their prefill steps (``_speed_against``). The offline sweep has a
+    shared-prefix run, which separates attention work from tokens; the server sweep's prompts share nothing.
     Returns ``(per_attention_pair_s, speed, steps)``."""
+    speed, keep = _speed_against(offline, shapes, elapsed, exclude=exclude, prefill_only=True,
+                                 what="server_offline_attention")
+    return offline.prefill.per_attention_pair_s * speed, speed, int(keep.sum())
+
+
+def _speed_against(offline: StepTimeCoefficients, shapes: Sequence[StepShape], elapsed: np.ndarray, *,
+                   exclude: np.ndarray | None, prefill_only: bool, what: str) -> tuple[float, np.ndarray]:
+    """The server runs' speed against the offline model: the median of measured over offline-predicted model time
+    on the steps with both positive (prefill-carrying ones only with ``prefill_only``; ``exclude``d ones left out),
+    and the mask of those steps."""
     pred = predict_model_s(offline, shapes)
-    keep = (elapsed > 0) & (pred > 0) & np.array([s.prefill_requests > 0 for s in shapes], dtype=bool)
+    keep = (elapsed > 0) & (pred > 0)
+    if prefill_only:
+        keep &= np.array([s.prefill_requests > 0 for s in shapes], dtype=bool)
     if exclude is not None:
         keep &= ~exclude
     if not keep.any():
-        raise CalibrationError("server_offline_attention: no server prefill step with a positive duration")
-    speed = float(np.median(elapsed[keep] / pred[keep]))
-    return offline.prefill.per_attention_pair_s * speed, speed, int(keep.sum())
+        raise CalibrationError(f"{what}: no server {'prefill ' if prefill_only else ''}step with a positive duration")
+    return float(np.median(elapsed[keep] / pred[keep])), keep
 
 
 @dataclass

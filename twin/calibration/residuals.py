@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -83,6 +83,14 @@ def _bin(label: str, ratio: np.ndarray, excess_s: np.ndarray, bias: float) -> di
             "biased": bool(biased)}
 
 
+class _Step(NamedTuple):
+    shape: StepShape
+    recorded_s: float
+    model_s: float
+    idle_wake: bool  # (server runs) the first step after the engine sat idle
+    first: bool  # the run's first step
+
+
 class Unpaired(ValueError):
     """A run whose steps cannot be paired with the twin's shapes (it is skipped, with this reason)."""
 
@@ -123,7 +131,7 @@ def step_residuals(run_dirs: Sequence[str | Path], *, profile: str, bias: float 
     prof = load_profile(profile)
     if prof.spec.step_time is None:
         raise ValueError(f"profile {profile!r} has no step-time coefficients to check")
-    collected: dict[str, list[tuple[StepShape, float, float, bool, bool]]] = {}
+    collected: dict[str, list[_Step]] = {}
     used, skipped = [], []
     for rec in [load_recorded_run(p) for p in run_dirs]:
         try:
@@ -135,7 +143,7 @@ def step_residuals(run_dirs: Sequence[str | Path], *, profile: str, bias: float 
         rows = collected.setdefault(section, [])
         for i, (shape, r, m) in enumerate(zip(shapes, recorded.tolist(), model.tolist(), strict=True)):
             if r > 0 and m > 0:  # (a shared CPU logs the odd step as 0 ms: its time went to a neighbour)
-                rows.append((shape, r, m, i in wakes, i == 0))
+                rows.append(_Step(shape, r, m, i in wakes, i == 0))
     sections = []
     for section in ("offline", "server"):
         rows = collected.get(section)
@@ -143,26 +151,26 @@ def step_residuals(run_dirs: Sequence[str | Path], *, profile: str, bias: float 
             continue
         views = []
         for view, regime, key in VIEWS:
-            members = [x for x in rows if (x[0].prefill_requests > 0) == (regime == "prefill")]
-            views.append({"view": view, "regime": regime, "bins": _binned(members, lambda x, key=key: key(x[0]),
-                                                                          bias)})
+            members = [x for x in rows if (x.shape.prefill_requests > 0) == (regime == "prefill")]
+            views.append({"view": view, "regime": regime,
+                          "bins": _binned(members, lambda x, key=key: key(x.shape), bias)})
         views.append({"view": FIRST_VIEW, "regime": "all",
-                      "bins": _binned(rows, lambda x: "first step" if x[4] else "later steps", bias)})
+                      "bins": _binned(rows, lambda x: "first step" if x.first else "later steps", bias)})
         if section == "server":
-            prefill = [x for x in rows if x[0].prefill_requests > 0]
+            prefill = [x for x in rows if x.shape.prefill_requests > 0]
             views.append({"view": WAKE_VIEW, "regime": "prefill",
-                          "bins": _binned(prefill, lambda x: "idle wake" if x[3] else "busy or short idle", bias)})
+                          "bins": _binned(prefill, lambda x: "idle wake" if x.idle_wake else "busy or short idle",
+                                          bias)})
         sections.append({"section": section, "steps": len(rows), "views": views})
     return {"profile": profile, "profile_name": prof.name, "bias": bias, "runs": used, "skipped": skipped,
             "sections": sections,
             "biased_bins": sum(b["biased"] for s in sections for v in s["views"] for b in v["bins"])}
 
 
-def _binned(rows: list[tuple[StepShape, float, float, bool, bool]], key: Callable[[Any], str], bias: float
-            ) -> list[dict[str, Any]]:
+def _binned(rows: list[_Step], key: Callable[[_Step], str], bias: float) -> list[dict[str, Any]]:
     groups: dict[str, list[tuple[float, float]]] = {}
     for x in rows:
-        groups.setdefault(key(x), []).append((x[1], x[2]))
+        groups.setdefault(key(x), []).append((x.recorded_s, x.model_s))
     out = []
     for label, pairs in groups.items():
         a = np.asarray(pairs)

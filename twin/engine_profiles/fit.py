@@ -60,13 +60,23 @@ def regime_quality(pred: np.ndarray, y: np.ndarray) -> RegimeFitQuality:
     )
 
 
-def _fit_regime(features: np.ndarray, y: np.ndarray, name: str) -> tuple[np.ndarray, RegimeFitQuality]:
-    if y.size < features.shape[1]:
-        raise ValueError(f"{name}: need at least {features.shape[1]} steps to fit, got {y.size}")
+def _fit_regime(features: np.ndarray, y: np.ndarray, name: str, *, fixed: tuple[int, float] | None = None
+                ) -> tuple[np.ndarray, RegimeFitQuality]:
+    """Relative-error NNLS of ``y`` on ``features``; ``fixed = (column, value)`` holds that coefficient at the value
+    (its time taken off ``y``, the weights still ``1 / y``) and fits the others."""
+    free = features if fixed is None else np.delete(features, fixed[0], axis=1)
+    if y.size < free.shape[1]:
+        raise ValueError(f"{name}: need at least {free.shape[1]} steps to fit, got {y.size}")
     if np.any(y <= 0):
         raise ValueError(f"{name}: step durations (after overhead) must be positive")
     w = 1.0 / y  # relative error
-    x = nnls(features * w[:, None], y * w)
+    if fixed is None:
+        x = nnls(features * w[:, None], y * w)
+    else:
+        col, value = fixed
+        if value < 0:
+            raise ValueError(f"{name}: a fixed coefficient must be >= 0")
+        x = np.insert(nnls(free * w[:, None], (y - value * features[:, col]) * w), col, value)
     return x, regime_quality(features @ x, y)
 
 
@@ -116,16 +126,8 @@ def fit_step_time(
             for i in pre
         ]
     ).reshape(-1, 5 if prefill_per_request else 4)
-    if fixed_attention_pair_s is None:
-        xp, _ = _fit_regime(fp, y_all[pre], "prefill-carrying steps")
-    else:  # the pairs column out of the fit, its fixed time off the durations (weights still 1 / duration)
-        if fixed_attention_pair_s < 0:
-            raise ValueError("fixed_attention_pair_s must be >= 0")
-        if y_all[pre].size < fp.shape[1] - 1 or np.any(y_all[pre] <= 0):
-            raise ValueError("prefill-carrying steps: too few, or a duration (after overhead) not positive")
-        w = 1.0 / y_all[pre]
-        xr = nnls(np.delete(fp, 2, axis=1) * w[:, None], (y_all[pre] - fixed_attention_pair_s * fp[:, 2]) * w)
-        xp = np.insert(xr, 2, fixed_attention_pair_s)
+    xp, _ = _fit_regime(fp, y_all[pre], "prefill-carrying steps",
+                        fixed=None if fixed_attention_pair_s is None else (2, fixed_attention_pair_s))
     coefficients = StepTimeCoefficients(
         overhead_s=ovh,
         decode=DecodeCoefficients(base_s=xd[0], per_request_s=xd[1], per_context_token_s=xd[2], **terms),
