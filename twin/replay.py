@@ -61,6 +61,81 @@ class RecordedStepTimes:
         raise RuntimeError("recorded step times are consumed one step at a time (decode runs are off)")
 
 
+class MatchedStepTimes:
+    """Recorded step times for a server run, matched to the twin's steps by their work rather than by index.
+
+    On a server the engine batches what has arrived when a step starts, so the twin's step *i* is often not the
+    recorded step *i* (a request a step earlier or later shifts every step after it, and a prefill step can take a
+    short decode step's time). Here each step of the twin is timed from the recorded steps that did the same work,
+    found through the run's FCFS reconstruction (``twin.calibration.server.reconstruct``): a member computing prompt
+    tokens ``[a, b)`` of request *r* maps to the recorded steps whose chunk of *r*'s prompt overlaps them, a member
+    decoding *r*'s output token *j* to the recorded step that emitted it. When the members map to one recorded
+    step of the same shape, the step takes that step's recorded time; otherwise the profile's model time for its
+    shape times the measured speed of the recorded steps it maps to (their recorded time over their model time,
+    summed); with no recorded step (work past the recording) the model time. Plus the per-step overhead and
+    ``per_chunk_s`` per request, as ``RecordedStepTimes``. ``exact``, ``scaled`` and ``modelled`` count the steps
+    timed each way. The replica calls ``step_time_for(step)`` (decode runs are off in these replays)."""
+
+    def __init__(self, steps: Any, model: StepTimeModel, *, overhead_s: float, per_chunk_s: float) -> None:
+        self.steps = steps  # twin.calibration.server.ServerSteps
+        self.model = model  # the profile's server step time (its overhead_s is the front end's base)
+        self.overhead_s = overhead_s
+        self.per_chunk_s = per_chunk_s
+        self._base = float(getattr(model, "overhead_s", 0.0))
+        self._model_s = np.array([self._model_time(sh) for sh in steps.shapes], dtype=np.float64)
+        self.exact = self.scaled = self.modelled = 0
+
+    def _model_time(self, shape: StepShape) -> float:
+        """The model's execution time for ``shape`` (its step time less the front end's base and chunks)."""
+        chunks = shape.decode_requests + shape.prefill_requests
+        return self.model.step_time_s(shape) - self._base - self.per_chunk_s * chunks
+
+    def recorded_steps(self, step: Any) -> set[int]:
+        """The recorded steps that did the work of the twin's ``step`` (``twin.models.engine_parts.Step``, read
+        right after it was scheduled: each member's ``num_computed`` already counts its tokens in it)."""
+        S = self.steps
+        ks: set[int] = set()
+        for i, (r, n) in enumerate(zip(step.reqs, step.ns, strict=True)):
+            rid = r.request_id
+            start = None if i < step.g_n else r.num_computed - n
+            if start is None or (start >= r.prompt_tokens and n == 1):  # decoding output token num_output
+                ts = S.token_steps.get(rid)
+                j = r.num_output
+                if ts is not None and j < len(ts):
+                    ks.add(int(ts[j]))
+                continue
+            end = min(start + n, r.prompt_tokens)  # a resumed request's re-prefill past its prompt: no map
+            for a, b, k in S.chunk_steps.get(rid, ()):
+                if a < end and start < b:
+                    ks.add(k)
+        return ks
+
+    def step_time_for(self, step: Any) -> float:
+        shape = step.shape
+        front = self.overhead_s + (self.per_chunk_s * (shape.decode_requests + shape.prefill_requests)
+                                   if self.per_chunk_s else 0.0)
+        ks = self.recorded_steps(step)
+        if len(ks) == 1:
+            k = next(iter(ks))
+            if self.steps.shapes[k] == shape:
+                self.exact += 1
+                return float(self.steps.elapsed_s[k]) + front
+        model_s = self._model_time(shape)
+        if not ks:
+            self.modelled += 1
+            return model_s + front
+        self.scaled += 1
+        idx = sorted(ks)
+        speed = float(np.sum(self.steps.elapsed_s[idx])) / float(np.sum(self._model_s[idx]))
+        return model_s * speed + front
+
+    def step_time_s(self, shape: StepShape) -> float:  # a step without its members: the model's time
+        return self.model.step_time_s(shape) - self._base + self.overhead_s
+
+    def decode_run_s(self, decode_requests: int, decode_context_tokens: int, num_steps: int) -> np.ndarray:
+        raise RuntimeError("recorded step times are consumed one step at a time (decode runs are off)")
+
+
 class NoisyStepTimes:
     """A step-time model whose every step's model-execution time is multiplied by a draw from the profile's
     fitted ``step_time_noise`` (``measured / fitted`` percentiles of the calibration steps, per regime).
@@ -285,8 +360,17 @@ def replay(rec: RecordedRun, *, profile: str | None, step_times: str = "profile"
 
             fallback = ServerStepTimeModel(server.step_time, per_chunk_s=server.per_chunk_s)
             overhead, per_chunk = server.step_time.overhead_s, server.per_chunk_s
-        model = RecordedStepTimes(rec.iterations.elapsed_ms, overhead_s=overhead, fallback=fallback,
-                                  per_chunk_s=per_chunk)
+        model = None
+        if server is not None:  # matched by work where the run's FCFS reconstruction holds (MatchedStepTimes)
+            from twin.calibration.server import ReconstructionError, reconstruct
+
+            try:
+                model = MatchedStepTimes(reconstruct(rec), fallback, overhead_s=overhead, per_chunk_s=per_chunk)
+            except ReconstructionError:
+                model = None
+        if model is None:
+            model = RecordedStepTimes(rec.iterations.elapsed_ms, overhead_s=overhead, fallback=fallback,
+                                      per_chunk_s=per_chunk)
         sc = sc.model_copy(update={"replica": sc.replica.model_copy(update={"max_decode_run_steps": 1})})
     delay = server.arrival_s if server is not None else 0.0
     result = run_scenario(sc, specs=request_specs(rec, arrival_delay_s=delay), step_model=model)

@@ -41,7 +41,7 @@ import numpy as np
 from twin.calibration.calibrate import replay_recorded
 from twin.calibration.recorded import RecordedRun, load_recorded_run
 from twin.engine_profiles.profile import ServerFrontEnd
-from twin.replay import compare, replay, server_front_end
+from twin.replay import MatchedStepTimes, compare, replay, server_front_end
 
 DEFAULT_TOLERANCE = 0.10
 # item key -> (label, unit scale for printing, unit)
@@ -205,11 +205,15 @@ def _replay_both(rec: RecordedRun, profile: str, overhead_s: float, overhead_in_
         if server is None:
             res_r, _ = replay_recorded(rec, overhead_s=overhead_s)
             recd = _values(rec, res_r, compare(rec, res_r), overhead_s=overhead_s, overhead_in_log_s=overhead_s)
+            recd["timing"] = {"matched": "index"}  # an offline run's steps are the recording's, one for one
         else:  # recorded step times + the fitted front end (arrival, per-step and per-chunk time)
             res_r = replay(rec, profile=profile, step_times="recorded")
             if not res_r.ok:
                 raise RuntimeError(f"{rec.path}: the recorded-step replay failed: {res_r.manifest['exception']}")
             recd = _values(rec, res_r, compare(rec, res_r), **acct)
+            m = res_r.world.replica.step_model
+            recd["timing"] = ({"matched": "work", "exact": m.exact, "scaled": m.scaled, "modelled": m.modelled}
+                              if isinstance(m, MatchedStepTimes) else {"matched": "index"})
     return _RunReplays(rec=rec, prof=prof, recd=recd, draws=[d["twin"] for d in each] if draws > 1 else None)
 
 
@@ -316,11 +320,14 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
                  "workload_key": key, "repeats": len(members), "items": items}
         if rec.run.mode == "server" and prof.spec.server is not None:
             entry["cold_start"] = _cold_start(rec, prof.spec.server)
+        if "timing" in rp.recd:
+            entry["recorded_step_times"] = rp.recd["timing"]
         runs.append(entry)
     verdicts = [it["pass"] for r in runs for it in r["items"].values() if it["pass"] is not None]
     tol_items = [it for r in runs for it in r["items"].values()
                  if it["kind"] == "tolerance" and it["pass"] is not None]
     repeated = [it for it in tol_items if it["mean_of_repeats_pass_strict"] is not None]
+    recorded = [it["pass_recorded_steps"] for it in tol_items if it.get("pass_recorded_steps") is not None]
     sv = prof.spec.server
     return {
         "profile": profile, "profile_name": prof.name, "default_tolerance": tolerance,
@@ -334,7 +341,9 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
                     "strict": {"tolerance_items": len(tol_items),
                                "passed": sum(1 for it in tol_items if it["pass_strict"]),
                                "repeated_items": len(repeated),
-                               "mean_of_repeats_passed": sum(1 for it in repeated if it["mean_of_repeats_pass_strict"])}},
+                               "mean_of_repeats_passed": sum(1 for it in repeated
+                                                             if it["mean_of_repeats_pass_strict"])},
+                    "recorded_steps": {"tolerance_items": len(recorded), "passed": sum(1 for v in recorded if v)}},
     }
 
 
@@ -424,13 +433,23 @@ def format_table(report: dict[str, Any]) -> str:
         if cold is not None and cold["first_token_excess_s"] is not None:
             lines.append(f"  cold start: the first token came {cold['first_token_excess_s'] * 1e3:+.1f} ms after the "
                          f"server model puts it; {cold['sent_before_first_token']} more requests were sent before it")
+        timing = r.get("recorded_step_times")
+        if timing is not None and timing["matched"] == "work":
+            lines.append(f"  twin* steps: {timing['exact']} timed by the one recorded step that did "
+                         f"their work, {timing['scaled']} by the model at the speed of the recorded steps that "
+                         f"did it, {timing['modelled']} by the model alone")
     s = report["summary"]
     lines += ["", "twin = replay with the profile's step times (verdict); twin* = replay with the recorded step "
-                  "times + the profile's overhead (server runs: + the server front end; their steps do not line up "
-                  "with the recording's, so step i's recorded time goes to a differently composed step). "
+                  "times + the profile's overhead (server runs: + the server front end, each step timed from the "
+                  "recorded steps that did the same work, since a server's steps do not line up with the recording's "
+                  "one for one). "
                   "A server run's steps and composition follow arrival and step timing: its step count is judged "
                   "with a tolerance, its composition is reported (verdict `timing`) and not judged.",
               f"{s['passed']} of {s['items']} items pass, {s['failed']} fail."]
+    rs = s.get("recorded_steps")
+    if rs is not None and rs["tolerance_items"]:
+        lines.append(f"twin* (scheduling and latency accounting alone): {rs['passed']} of {rs['tolerance_items']} "
+                     f"timing items pass.")
     st = s.get("strict")
     if st is not None and st["repeated_items"]:
         lines.append(f"stricter rule (tolerance widened only by the repeats' largest deviation from their mean): "

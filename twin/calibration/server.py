@@ -51,6 +51,8 @@ class ServerSteps:
     first_step: dict[str, int]  # request id -> step of its first prefill chunk
     token_steps: dict[str, np.ndarray]  # request id -> step that emitted each of its tokens
     end_s: dict[int, float] = field(default_factory=dict)  # step -> median client time of its tokens
+    # request id -> its prefill chunks as (first prompt token computed, one past the last, step)
+    chunk_steps: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)
 
 
 def reconstruct(rec: RecordedRun) -> ServerSteps:
@@ -74,6 +76,7 @@ def reconstruct(rec: RecordedRun) -> ServerSteps:
     decoding: list[int] = []  # requests with 1 <= output < output_tokens, in admission order
     first_step: dict[str, int] = {}
     token_steps: dict[str, list[int]] = {r.request_id: [] for r in reqs}
+    chunk_steps: dict[str, list[tuple[int, int, int]]] = {r.request_id: [] for r in reqs}
     shapes: list[StepShape] = []
     chunks = np.zeros(len(it), dtype=np.int64)
     for i, (ctx_r, ctx_t, gen_r, gen_t) in enumerate(it.composition()):
@@ -95,6 +98,7 @@ def reconstruct(rec: RecordedRun) -> ServerSteps:
                 raise ReconstructionError(f"{rec.path}: step {i}: context tokens {ctx_t} do not split into "
                                           f"{ctx_r} FCFS chunks")
             first_step.setdefault(reqs[j].request_id, i)
+            chunk_steps[reqs[j].request_id].append((computed[j], computed[j] + n, i))
             p_pairs += prefill_attention_work(computed[j], n)
             computed[j] += n
             p_tok += n
@@ -120,7 +124,8 @@ def reconstruct(rec: RecordedRun) -> ServerSteps:
         raise ReconstructionError(f"{rec.path}: requests left unfinished after the last step")
     steps = ServerSteps(path=rec.path, shapes=shapes, elapsed_s=it.elapsed_ms / 1000.0, chunks=chunks,
                         first_step=first_step,
-                        token_steps={k: np.asarray(v, dtype=np.int64) for k, v in token_steps.items()})
+                        token_steps={k: np.asarray(v, dtype=np.int64) for k, v in token_steps.items()},
+                        chunk_steps=chunk_steps)
     per_step: dict[int, list[float]] = {}
     for r in reqs:
         assert r.token_times_s is not None

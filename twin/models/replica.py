@@ -73,6 +73,8 @@ class Replica:
         self.events = 0  # engine events (a step or a decode run), for benchmarks
         # a step model that wants to hear how long the engine sat idle before a wake (replays' IdleWakeExtra)
         self._woke_after_idle: Callable[[float], None] | None = getattr(step_model, "woke_after_idle", None)
+        # a replay's model that times a step by its members (``twin.replay.MatchedStepTimes``), else None
+        self._step_time_for: Callable[[Step], float] | None = getattr(step_model, "step_time_for", None)
         self.process: simpy.Process | None = None
 
     def start(self) -> None:
@@ -191,7 +193,8 @@ class Replica:
 
     def _one_step(self, step: Step):
         t0 = self.env.now
-        d = self.step_model.step_time_s(step.shape) * self.speed_factor
+        by_step = self._step_time_for
+        d = (self.step_model.step_time_s(step.shape) if by_step is None else by_step(step)) * self.speed_factor
         if self.decode_speedup is not None and step.p_req == 0:
             d /= self.decode_speedup(step.d_req)
         yield self.env.timeout(d)
