@@ -77,14 +77,18 @@ def _held_out_key(run: str) -> str:
 
 def _check_table(report: dict, committed: dict) -> None:
     assert report["summary"] == committed["summary"]
-    got = {(_held_out_key(r["run"]), k): (i["pass"], i["twin"]) for r in report["runs"] for k, i in r["items"].items()}
-    want = {(_held_out_key(r["run"]), k): (i["pass"], i["twin"])
+    got = {(_held_out_key(r["run"]), k): (i["pass"], i["twin"], i.get("twin_recorded_steps"))
+           for r in report["runs"] for k, i in r["items"].items()}
+    want = {(_held_out_key(r["run"]), k): (i["pass"], i["twin"], i.get("twin_recorded_steps"))
             for r in committed["runs"] for k, i in r["items"].items()}
     assert set(got) == set(want)
-    for key, (ok, twin) in want.items():
+    for key, (ok, twin, twin_recorded) in want.items():
         assert got[key][0] == ok, key
-        if isinstance(twin, float):
-            assert got[key][1] == pytest.approx(twin, rel=1e-9), key
+        for g, w in ((got[key][1], twin), (got[key][2], twin_recorded)):  # the profile's replay and twin*
+            if isinstance(w, float):
+                assert g == pytest.approx(w, rel=1e-9), key
+            else:
+                assert g == w, key
 
 
 def test_the_committed_fidelity_table_is_what_fidelity_gives() -> None:
