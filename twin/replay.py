@@ -136,6 +136,24 @@ class MatchedStepTimes:
         raise RuntimeError("recorded step times are consumed one step at a time (decode runs are off)")
 
 
+def recorded_step_timing(result: RunResult) -> dict[str, Any]:
+    """How a recorded-step replay timed its steps: ``{"matched": "work", "exact": ..., "scaled": ...,
+    "modelled": ...}`` (``MatchedStepTimes``: a server run) or ``{"matched": "index"}`` (step *i* took the recorded
+    step *i*'s time)."""
+    m = result.world.replica.step_model
+    if isinstance(m, MatchedStepTimes):
+        return {"matched": "work", "exact": m.exact, "scaled": m.scaled, "modelled": m.modelled}
+    return {"matched": "index"}
+
+
+def format_step_timing(timing: dict[str, Any]) -> str | None:
+    """The line the fidelity table and ``twin replay`` print for ``recorded_step_timing``'s counts (None by index)."""
+    if timing.get("matched") != "work":
+        return None
+    return (f"twin* steps: {timing['exact']} timed by the one recorded step that did their work, {timing['scaled']} "
+            f"by the model at the speed of the recorded steps that did it, {timing['modelled']} by the model alone")
+
+
 class NoisyStepTimes:
     """A step-time model whose every step's model-execution time is multiplied by a draw from the profile's
     fitted ``step_time_noise`` (``measured / fitted`` percentiles of the calibration steps, per regime).

@@ -41,7 +41,7 @@ import numpy as np
 from twin.calibration.calibrate import replay_recorded
 from twin.calibration.recorded import RecordedRun, load_recorded_run
 from twin.engine_profiles.profile import ServerFrontEnd
-from twin.replay import MatchedStepTimes, compare, replay, server_front_end
+from twin.replay import compare, format_step_timing, recorded_step_timing, replay, server_front_end
 
 DEFAULT_TOLERANCE = 0.10
 # item key -> (label, unit scale for printing, unit)
@@ -211,9 +211,7 @@ def _replay_both(rec: RecordedRun, profile: str, overhead_s: float, overhead_in_
             if not res_r.ok:
                 raise RuntimeError(f"{rec.path}: the recorded-step replay failed: {res_r.manifest['exception']}")
             recd = _values(rec, res_r, compare(rec, res_r), **acct)
-            m = res_r.world.replica.step_model
-            recd["timing"] = ({"matched": "work", "exact": m.exact, "scaled": m.scaled, "modelled": m.modelled}
-                              if isinstance(m, MatchedStepTimes) else {"matched": "index"})
+            recd["timing"] = recorded_step_timing(res_r)
     return _RunReplays(rec=rec, prof=prof, recd=recd, draws=[d["twin"] for d in each] if draws > 1 else None)
 
 
@@ -433,11 +431,9 @@ def format_table(report: dict[str, Any]) -> str:
         if cold is not None and cold["first_token_excess_s"] is not None:
             lines.append(f"  cold start: the first token came {cold['first_token_excess_s'] * 1e3:+.1f} ms after the "
                          f"server model puts it; {cold['sent_before_first_token']} more requests were sent before it")
-        timing = r.get("recorded_step_times")
-        if timing is not None and timing["matched"] == "work":
-            lines.append(f"  twin* steps: {timing['exact']} timed by the one recorded step that did "
-                         f"their work, {timing['scaled']} by the model at the speed of the recorded steps that "
-                         f"did it, {timing['modelled']} by the model alone")
+        timing_line = format_step_timing(r.get("recorded_step_times") or {})
+        if timing_line is not None:
+            lines.append("  " + timing_line)
     s = report["summary"]
     lines += ["", "twin = replay with the profile's step times (verdict); twin* = replay with the recorded step "
                   "times + the profile's overhead (server runs: + the server front end, each step timed from the "

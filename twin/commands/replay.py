@@ -40,6 +40,8 @@ def iterations_csv(table: pa.Table) -> str:
 
 
 def format_comparison(c: dict) -> str:
+    from twin.replay import format_step_timing
+
     lines = [f"replay of {c['run']} ({c['mode']}, {c['requests']} requests)"]
     if "steps" in c:
         comp = c["composition"]
@@ -63,12 +65,15 @@ def format_comparison(c: dict) -> str:
         s = c["step_time_sum_s"]
         err = "" if s["rel_error"] is None else f"{s['rel_error']:+.1%}"
         lines.append(f"  step-time sum (s)   real {s['real']:.3f}  twin {s['twin']:.3f}  {err}")
+    timing_line = format_step_timing(c.get("recorded_step_times") or {})
+    if timing_line is not None:
+        lines.append("  " + timing_line)
     return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
     from twin.calibration.recorded import RecordedRunError, load_recorded_run
-    from twin.replay import compare, replay
+    from twin.replay import compare, recorded_step_timing, replay
     from twin.scenario import ScenarioError
 
     try:
@@ -89,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     comparison = compare(rec, result)
     comparison["step_times"] = mode
+    if mode == "recorded":
+        comparison["recorded_step_times"] = recorded_step_timing(result)
     comparison["profile"] = args.profile
     req = result.tables["requests"].select(["request_id", "arrival_s", "ttft_s", "e2e_s", "output_tokens",
                                             "num_cached_tokens", "preemptions", "token_times_s"])
