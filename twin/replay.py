@@ -78,7 +78,7 @@ class MatchedStepTimes:
 
     def __init__(self, steps: Any, model: StepTimeModel, *, overhead_s: float, per_chunk_s: float) -> None:
         self.steps = steps  # twin.calibration.server.ServerSteps
-        self.model = model  # the profile's server step time (its overhead_s is the front end's base)
+        self.model = model  # the profile's server step time: the front end's base (overhead_s) and per_chunk_s in it
         self.overhead_s = overhead_s
         self.per_chunk_s = per_chunk_s
         self._base = float(getattr(model, "overhead_s", 0.0))
