@@ -10,14 +10,13 @@ import numpy as np
 import pytest
 
 from twin.calibration.calibrate import FitOptions, calibrate
-from twin.calibration.recorded import load_recorded_run
-from twin.calibration.regimes import predict_model_s
-from twin.calibration.server import reconstruct
 from twin.cli import main
 from twin.engine_profiles import load_profile
 from twin.engine_profiles.fit import fit_step_time
 from twin.engine_profiles.step import StepShape
 from twin.paths import REPO_ROOT
+
+from serverkit import server_speed
 
 SESSION = REPO_ROOT / "tests" / "fixtures" / "calibration" / "cpu-tiny-llama-sendorder"
 RUNS = sorted(p for p in (SESSION / "calibration").iterdir() if (p / "run.json").exists())
@@ -54,13 +53,7 @@ def test_the_server_attention_term_is_the_offline_one_times_the_server_speed() -
                       options=FitOptions(server_offline_attention=True)).spec
     assert fixed.step_time == plain.step_time  # the offline fit is untouched
     # the speed: median of measured / offline-predicted model time over the server runs' prefill steps
-    steps = [reconstruct(load_recorded_run(p)) for p in RUNS if load_recorded_run(p).run.mode == "server"]
-    assert len(steps) == 2
-    shapes = [sh for s in steps for sh in s.shapes]
-    elapsed = np.concatenate([s.elapsed_s for s in steps])
-    pred = predict_model_s(plain.step_time, shapes)
-    ok = (elapsed > 0) & (pred > 0) & np.array([sh.prefill_requests > 0 for sh in shapes])
-    speed = float(np.median(elapsed[ok] / pred[ok]))
+    speed = server_speed(plain.step_time, RUNS, prefill_only=True)
     srv = fixed.server.step_time
     assert srv.prefill.per_attention_pair_s == pytest.approx(plain.step_time.prefill.per_attention_pair_s * speed,
                                                              rel=1e-12)

@@ -6,16 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from twin.calibration.calibrate import FitOptions, calibrate
-from twin.calibration.recorded import load_recorded_run
-from twin.calibration.regimes import predict_model_s
-from twin.calibration.server import reconstruct
 from twin.cli import main
 from twin.engine_profiles import load_profile
 from twin.paths import REPO_ROOT
+
+from serverkit import server_speed
 
 SESSION = REPO_ROOT / "tests" / "fixtures" / "calibration" / "cpu-tiny-llama-freshhost2"
 RUNS = sorted(p for p in (SESSION / "calibration").iterdir() if (p / "run.json").exists())
@@ -31,13 +29,7 @@ def test_the_server_regimes_are_the_offline_ones_times_the_median_ratio() -> Non
               for k, v in getattr(off, regime).model_dump().items() if v]
     assert len(ratios) >= 6 and max(ratios) == pytest.approx(min(ratios), rel=1e-12)
     # the factor is the median of measured / predicted over the server runs' reconstructed steps
-    steps = [reconstruct(load_recorded_run(p)) for p in RUNS if load_recorded_run(p).run.mode == "server"]
-    assert len(steps) == 2
-    shapes = [sh for s in steps for sh in s.shapes]
-    elapsed = np.concatenate([s.elapsed_s for s in steps])
-    pred = predict_model_s(off, shapes)
-    ok = (elapsed > 0) & (pred > 0)
-    assert ratios[0] == pytest.approx(float(np.median(elapsed[ok] / pred[ok])), rel=1e-12)
+    assert ratios[0] == pytest.approx(server_speed(off, RUNS), rel=1e-12)
     # the front end (arrival, per step, per chunk) is fitted as without the option
     assert srv.overhead_s == plain.server.step_time.overhead_s
     assert scaled.server.per_chunk_s == plain.server.per_chunk_s and scaled.server.arrival_s == plain.server.arrival_s
