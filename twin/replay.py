@@ -112,8 +112,7 @@ class MatchedStepTimes:
 
     def step_time_for(self, step: Any) -> float:
         shape = step.shape
-        front = self.overhead_s + (self.per_chunk_s * (shape.decode_requests + shape.prefill_requests)
-                                   if self.per_chunk_s else 0.0)
+        front = self.overhead_s + self.per_chunk_s * (shape.decode_requests + shape.prefill_requests)
         ks = self.recorded_steps(step)
         if len(ks) == 1:
             k = next(iter(ks))

@@ -205,7 +205,7 @@ def _replay_both(rec: RecordedRun, profile: str, overhead_s: float, overhead_in_
         if server is None:
             res_r, _ = replay_recorded(rec, overhead_s=overhead_s)
             recd = _values(rec, res_r, compare(rec, res_r), overhead_s=overhead_s, overhead_in_log_s=overhead_s)
-            recd["timing"] = {"matched": "index"}  # an offline run's steps are the recording's, one for one
+            recd["timing"] = recorded_step_timing(res_r)  # by index: an offline run's steps are the recording's
         else:  # recorded step times + the fitted front end (arrival, per-step and per-chunk time)
             res_r = replay(rec, profile=profile, step_times="recorded")
             if not res_r.ok:
