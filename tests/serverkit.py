@@ -25,3 +25,15 @@ def server_speed(coefficients, runs: Sequence[Path], *, prefill_only: bool = Fal
     if prefill_only:
         ok &= np.array([sh.prefill_requests > 0 for sh in shapes])
     return float(np.median(elapsed[ok] / pred[ok]))
+
+
+def calibrate_with_flag(tmp_path: Path, runs: Sequence[Path], flag: str):  # noqa: ANN201 (ProfileSpec)
+    """``twin calibrate RUNS FLAG --out``: the profile it wrote, whose command names the flag."""
+    from twin.cli import main
+    from twin.engine_profiles import load_profile
+
+    out = tmp_path / "p.yaml"
+    assert main(["calibrate", *map(str, runs), flag, "--out", str(out)]) == 0
+    spec = load_profile(str(out)).spec
+    assert flag in spec.provenance.command
+    return spec

@@ -10,13 +10,11 @@ import numpy as np
 import pytest
 
 from twin.calibration.calibrate import FitOptions, calibrate
-from twin.cli import main
-from twin.engine_profiles import load_profile
 from twin.engine_profiles.fit import fit_step_time
 from twin.engine_profiles.step import StepShape
 from twin.paths import REPO_ROOT
 
-from serverkit import server_speed
+from serverkit import calibrate_with_flag, server_speed
 
 SESSION = REPO_ROOT / "tests" / "fixtures" / "calibration" / "cpu-tiny-llama-sendorder"
 RUNS = sorted(p for p in (SESSION / "calibration").iterdir() if (p / "run.json").exists())
@@ -66,8 +64,5 @@ def test_the_server_attention_term_is_the_offline_one_times_the_server_speed() -
 
 
 def test_the_cli_flag_writes_it_into_the_profile_and_its_command(tmp_path: Path) -> None:
-    out = tmp_path / "p.yaml"
-    assert main(["calibrate", *map(str, RUNS), "--server-offline-attention", "--out", str(out)]) == 0
-    spec = load_profile(str(out)).spec
-    assert "--server-offline-attention" in spec.provenance.command
+    spec = calibrate_with_flag(tmp_path, RUNS, "--server-offline-attention")
     assert spec.server.step_time.prefill.per_attention_pair_s > 1.5 * 4.155e-9  # the plain fit's, this session

@@ -9,11 +9,9 @@ from pathlib import Path
 import pytest
 
 from twin.calibration.calibrate import FitOptions, calibrate
-from twin.cli import main
-from twin.engine_profiles import load_profile
 from twin.paths import REPO_ROOT
 
-from serverkit import server_speed
+from serverkit import calibrate_with_flag, server_speed
 
 SESSION = REPO_ROOT / "tests" / "fixtures" / "calibration" / "cpu-tiny-llama-freshhost2"
 RUNS = sorted(p for p in (SESSION / "calibration").iterdir() if (p / "run.json").exists())
@@ -37,9 +35,6 @@ def test_the_server_regimes_are_the_offline_ones_times_the_median_ratio() -> Non
 
 
 def test_the_cli_flag_writes_it_into_the_profile_and_its_command(tmp_path: Path) -> None:
-    out = tmp_path / "p.yaml"
-    assert main(["calibrate", *map(str, RUNS), "--server-scaled-offline", "--out", str(out)]) == 0
-    spec = load_profile(str(out)).spec
-    assert "--server-scaled-offline" in spec.provenance.command
+    spec = calibrate_with_flag(tmp_path, RUNS, "--server-scaled-offline")
     d, s = spec.step_time.decode, spec.server.step_time.decode
     assert s.per_request_s / d.per_request_s == pytest.approx(s.base_s / d.base_s, rel=1e-12)
