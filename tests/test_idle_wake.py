@@ -12,7 +12,7 @@ import pytest
 from twin.calibration.calibrate import FitOptions, calibrate
 from twin.calibration.recorded import load_recorded_run
 from twin.calibration.regimes import predict_model_s
-from twin.calibration.server import IDLE_AFTER_S, idle_wake_excess_s, idle_wakes, reconstruct
+from twin.calibration.server import IDLE_AFTER_S, idle_wake_excess_s, idle_wakes, reconstruct, step_front_end_s
 from twin.engine_profiles import load_profile
 from twin.engine_profiles.derive import write_spec
 from twin.replay import IdleWakeExtra, replay
@@ -47,8 +47,8 @@ def test_the_excess_counts_each_idle_wake_once_from_its_earliest_request() -> No
     steps = reconstruct(rec)
     srv = load_profile(str(ROOT / "cpu-tiny-llama.yaml")).spec.server
     model_s = predict_model_s(srv.step_time, steps.shapes)
-    wakes = idle_wake_excess_s(idle_wakes(rec, steps, arrival_s=srv.arrival_s), steps, model_s,
-                               front_end_s=srv.step_time.overhead_s, per_chunk_s=srv.per_chunk_s)
+    wakes = idle_wake_excess_s(idle_wakes(rec, steps, arrival_s=srv.arrival_s), model_s,
+                               step_front_end_s(steps, base_s=srv.step_time.overhead_s, per_chunk_s=srv.per_chunk_s))
     first_steps = sorted(set(steps.first_step.values()))
     idle = [k for k in first_steps
             if k == 0 or (k - 1 in steps.end_s and min(r.arrival_s for r in rec.requests

@@ -83,16 +83,18 @@ def test_front_end_fit_recovers_base_and_per_chunk() -> None:
     rng = np.random.default_rng(5)
     chunks = rng.integers(1, 30, size=2000)
     gaps = 0.0012 + 0.00015 * chunks + rng.normal(0, 0.0002, size=chunks.size)
-    base, per_chunk = fit_front_end(gaps, chunks)
+    base, per_chunk, per_first, per_last = fit_front_end(gaps, chunks)
+    assert per_first == per_last == 0.0  # (no stream ends asked for)
     assert base == pytest.approx(0.0012, abs=5e-5) and per_chunk == pytest.approx(0.00015, abs=5e-6)
 
 
 def test_front_end_samples_leave_out_the_wait_of_an_idle_engine() -> None:
     """At 4 req/s the engine idles between requests; an interval spanning an idle spell is not front-end time."""
     steps = reconstruct(load_recorded_run(FIX / "recorded" / "server-poisson-low"))
-    gaps, chunks = front_end_samples(steps)
+    gaps, chunks, firsts, lasts = front_end_samples(steps)
     pairs = sum(1 for a in steps.end_s if a + 1 in steps.end_s)
     assert 0 < gaps.size < pairs and gaps.max() < 0.05 and chunks.min() >= 1
+    assert (firsts <= chunks).all() and (lasts <= chunks).all() and lasts.sum() > 0
 
 
 def test_arrival_fit_is_the_value_most_bounds_allow() -> None:

@@ -135,11 +135,63 @@ class MatchedStepTimes:
         raise RuntimeError("recorded step times are consumed one step at a time (decode runs are off)")
 
 
+def stream_ends_of(step: Any, max_model_len: int) -> tuple[int, int]:
+    """``(opened, closed)``: the requests of a twin step (``twin.models.engine_parts.Step``, read right after it was
+    scheduled) that get their first token in it and those whose last token it emits, by the rules of
+    ``Engine.complete`` (a prefill chunk that does not finish its prompt emits nothing; a request is done at its
+    target output length or at ``max_model_len``)."""
+    opened = closed = 0
+    for i, r in enumerate(step.reqs):
+        if i < step.g_n:  # a decode group's member: decodes one token (its own fields are offsets)
+            nout = r.num_output
+            total = r.prompt_tokens + nout
+        else:
+            total = r.seq.num_tokens
+            if r.num_computed < total:
+                continue
+            nout = r.num_output
+        if nout == 0:
+            opened += 1
+        if nout + 1 >= r.target_output_tokens or total + 1 >= max_model_len:
+            closed += 1
+    return opened, closed
+
+
+class StreamEndsExtra:
+    """A server run's step-time model plus the front end's time per stream a step opens and closes (a profile's
+    ``server.per_first_chunk_s`` and ``per_last_chunk_s``, fitted with ``twin calibrate --stream-ends``: in the
+    recorded CPU server runs a step that sent a request's first or last chunk was followed by its next tokens
+    later than the per-chunk time says, docs/calibration.md). It needs each step's members (``step_time_for``),
+    so replays that use it run without decode runs. Replays only: the fleet simulation never builds it."""
+
+    def __init__(self, base: Any, *, per_first_s: float, per_last_s: float, max_model_len: int) -> None:
+        self.base = base
+        self.per_first_s = float(per_first_s)
+        self.per_last_s = float(per_last_s)
+        self.max_model_len = int(max_model_len)
+        self.overhead_s = getattr(base, "overhead_s", 0.0)
+        self.woke_after_idle = getattr(base, "woke_after_idle", None)  # (IdleWakeExtra's hook, passed through)
+        self._by_step = getattr(base, "step_time_for", None)
+
+    def step_time_for(self, step: Any) -> float:
+        t = self._by_step(step) if self._by_step is not None else self.base.step_time_s(step.shape)
+        opened, closed = stream_ends_of(step, self.max_model_len)
+        return t + self.per_first_s * opened + self.per_last_s * closed
+
+    def step_time_s(self, shape: StepShape) -> float:  # a step without its members: no stream ends known
+        return self.base.step_time_s(shape)
+
+    def decode_run_s(self, decode_requests: int, decode_context_tokens: int, num_steps: int) -> np.ndarray:
+        raise RuntimeError("stream ends are added one step at a time (decode runs are off)")
+
+
 def recorded_step_timing(result: RunResult) -> dict[str, Any]:
     """How a recorded-step replay timed its steps: ``{"matched": "work", "exact": ..., "scaled": ...,
     "modelled": ...}`` (``MatchedStepTimes``: a server run) or ``{"matched": "index"}`` (step *i* took the recorded
     step *i*'s time)."""
     m = result.world.replica.step_model
+    if isinstance(m, StreamEndsExtra):
+        m = m.base
     if isinstance(m, MatchedStepTimes):
         return {"matched": "work", "exact": m.exact, "scaled": m.scaled, "modelled": m.modelled}
     return {"matched": "index"}
@@ -388,6 +440,11 @@ def replay(rec: RecordedRun, *, profile: str | None, step_times: str = "profile"
         if model is None:
             model = RecordedStepTimes(rec.iterations.elapsed_ms, overhead_s=overhead, fallback=fallback,
                                       per_chunk_s=per_chunk)
+        sc = sc.model_copy(update={"replica": sc.replica.model_copy(update={"max_decode_run_steps": 1})})
+    if server is not None and server.has_stream_ends:
+        assert model is not None
+        model = StreamEndsExtra(model, per_first_s=server.per_first_chunk_s, per_last_s=server.per_last_chunk_s,
+                                max_model_len=rec.run.max_model_len)
         sc = sc.model_copy(update={"replica": sc.replica.model_copy(update={"max_decode_run_steps": 1})})
     delay = server.arrival_s if server is not None else 0.0
     result = run_scenario(sc, specs=request_specs(rec, arrival_delay_s=delay), step_model=model)

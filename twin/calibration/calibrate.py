@@ -51,6 +51,7 @@ from twin.calibration.server import (
     idle_wake_excess_s,
     idle_wakes,
     reconstruct,
+    step_front_end_s,
 )
 from twin.engine_profiles.profile import (
     EngineProfileSpec,
@@ -444,14 +445,17 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
     if not steps:
         raise CalibrationError("no usable server run:\n  " + "\n  ".join(refused))
     samples = [front_end_samples(s) for s in steps]
-    gaps = np.concatenate([g for g, _ in samples])
-    chunks = np.concatenate([c for _, c in samples])
-    base_s, per_chunk_s = fit_front_end(gaps, chunks)
+    gaps, chunks, s_firsts, s_lasts = (np.concatenate([x[i] for x in samples]) for i in range(4))
+    base_s, per_chunk_s, per_first_s, per_last_s = fit_front_end(
+        gaps, chunks, (s_firsts, s_lasts) if options.stream_ends else None)
+    fixed = [step_front_end_s(s, base_s=base_s, per_chunk_s=per_chunk_s, per_first_s=per_first_s,
+                              per_last_s=per_last_s) for s in steps]  # each step's front-end time
     shapes = [sh for s in steps for sh in s.shapes]
     elapsed = np.concatenate([s.elapsed_s for s in steps])
     lengths = [len(s.shapes) for s in steps]
     firsts = _first_steps(lengths) if options.first_step else None
-    bounds = [arrival_bounds(r, s, front_end_s=base_s) for r, s in zip(used, steps, strict=True)]
+    bounds = [arrival_bounds(r, s, front_end_s=base_s, step_front_s=f if options.stream_ends else None)
+              for r, s, f in zip(used, steps, fixed, strict=True)]
     lower = np.concatenate([lo for lo, _ in bounds])
     upper = np.concatenate([hi for _, hi in bounds])
     arrival_s, consistent = fit_arrival_s(lower, upper)
@@ -488,31 +492,33 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
     first_note = ""
     if options.first_step:  # the first request sent: its first token, from its send plus the arrival time
         excess = []
-        for r, s in zip(used, steps, strict=True):
+        for r, s, f in zip(used, steps, fixed, strict=True):
             q = min(r.requests, key=lambda x: (x.arrival_s, x.request_id))
             assert q.token_times_s
             excess.append(first_step_excess_s(
                 s.elapsed_s, float(predict_model_s(coefficients, s.shapes[:1])[0]),
-                first_token_s=q.token_times_s[0] - arrival_s, token_step=int(s.token_steps[q.request_id][0]), fixed_s=base_s + per_chunk_s * s.chunks))
+                first_token_s=q.token_times_s[0] - arrival_s, token_step=int(s.token_steps[q.request_id][0]),
+                fixed_s=f))
         coefficients = coefficients.model_copy(update={"first_step_s": fit_first_step_s(excess)})
         first_note = (f" first_step_s: median of the {len(excess)} runs' first-step excess "
                       f"({', '.join(f'{e * 1e3:.1f}' for e in excess)} ms), the first steps left out of the regimes.")
     idle_wake_s = 0.0
     idle_note = ""
     if wakes is not None:  # requests sent to an idle engine: their first token against the model just fitted
-        excess = [e for w, s in zip(wakes, steps, strict=True)
-                  for e in idle_wake_excess_s(w, s, predict_model_s(coefficients, s.shapes), front_end_s=base_s,
-                                              per_chunk_s=per_chunk_s)]
+        excess = [e for w, s, f in zip(wakes, steps, fixed, strict=True)
+                  for e in idle_wake_excess_s(w, predict_model_s(coefficients, s.shapes), f)]
         idle_wake_s = max(float(np.median(excess)), 0.0) if excess else 0.0
         idle_note = (f" idle_wake_s: median excess of the first token of {len(excess)} requests sent to an engine idle "
                      f"for at least {IDLE_AFTER_S * 1e3:.0f} ms, their steps left out of the regimes" + (
                          f" (quartiles {', '.join(f'{q * 1e3:.2f}' for q in np.quantile(excess, [0.25, 0.75]))} ms)."
                          if excess else "."))
-    resid = gaps - (base_s + per_chunk_s * chunks)
+    resid = gaps - (base_s + per_chunk_s * chunks + per_first_s * s_firsts + per_last_s * s_lasts)
+    ends_note = (f" + {per_first_s * 1e3:.3f} ms per stream opened + {per_last_s * 1e3:.3f} ms per stream closed "
+                 f"(stream_ends)" if options.stream_ends else "")
     notes = (
         f"Fitted to {len(steps)} server runs, {elapsed.size} steps reconstructed from the iteration logs (FCFS walk "
         f"over the requests in send order, checked against every step's gen_requests). Front end per step: "
-        f"{base_s * 1e3:.3f} ms + {per_chunk_s * 1e3:.3f} ms per streamed chunk, least squares over "
+        f"{base_s * 1e3:.3f} ms + {per_chunk_s * 1e3:.3f} ms per streamed chunk{ends_note}, least squares over "
         f"{gaps.size} pairs of consecutive streaming steps with the engine busy in between (gap = client interval "
         f"- recorded elapsed; median {np.median(gaps) * 1e3:.3f} ms, mean {np.mean(gaps) * 1e3:.3f} ms, max "
         f"{np.max(gaps) * 1e3:.1f} ms; residual RMS {np.sqrt(np.mean(resid ** 2)) * 1e3:.3f} ms). "
@@ -530,6 +536,6 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
         provenance=Provenance(sources=[source_label(r.path) for r in used], command=command,
                               generated_on=generated_on, notes=notes),
         step_time_noise=step_time_noise(coefficients, shapes, elapsed, exclude=firsts),
-        idle_wake_s=idle_wake_s,
+        idle_wake_s=idle_wake_s, per_first_chunk_s=per_first_s, per_last_chunk_s=per_last_s,
     )
     return ServerFit(front_end=front_end, used=[r.path for r in used], refused=refused)

@@ -74,7 +74,7 @@ def _rel(twin: float | None, real: float | None) -> float | None:
 
 
 def _values(rec: RecordedRun, result: Any, comparison: dict[str, Any], *, overhead_s: float,
-            overhead_in_log_s: float, per_chunk_s: float = 0.0) -> dict[str, Any]:
+            overhead_in_log_s: float, per_chunk_s: float = 0.0, per_stream_s: float = 0.0) -> dict[str, Any]:
     """Flat item -> twin value (and real value) from one ``compare`` output."""
     real: dict[str, Any] = {}
     twin: dict[str, Any] = {}
@@ -91,6 +91,8 @@ def _values(rec: RecordedRun, result: Any, comparison: dict[str, Any], *, overhe
     if per_chunk_s:  # the server front end's streaming time is in the twin's logged step time: take it out
         chunks = int(np.sum(it.column("ctx_requests").to_numpy())) + int(np.sum(it.column("gen_requests").to_numpy()))
         twin_sum -= per_chunk_s * chunks
+    if per_stream_s:  # and its time per stream opened and closed: each request opens one and closes one
+        twin_sum -= per_stream_s * len(rec.requests)
     real["step_time_sum_s"] = float(np.sum(rec.iterations.elapsed_ms)) / 1e3 if rec.iterations is not None else None
     twin["step_time_sum_s"] = twin_sum
     exact_real: dict[str, Any] = {}
@@ -192,7 +194,8 @@ def _replay_both(rec: RecordedRun, profile: str, overhead_s: float, overhead_in_
         acct: dict[str, float] = {"overhead_s": overhead_s, "overhead_in_log_s": overhead_in_log_s}
     else:  # the server front end's per-step base is the model's overhead, so the log already leaves it out
         fe = server.step_time.overhead_s
-        acct = {"overhead_s": fe, "overhead_in_log_s": fe, "per_chunk_s": server.per_chunk_s}
+        acct = {"overhead_s": fe, "overhead_in_log_s": fe, "per_chunk_s": server.per_chunk_s,
+                "per_stream_s": server.per_first_chunk_s + server.per_last_chunk_s}
     each = []
     for k in range(draws):
         res_p = replay(rec, profile=profile, step_times="profile", noise=noise, noise_seed=noise_seed + k)
@@ -333,7 +336,9 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
         "step_time_noise": noisy,
         **({"noise_draws": draws} if draws > 1 else {}),
         "server_front_end": None if sv is None else {
-            "arrival_s": sv.arrival_s, "per_step_s": sv.step_time.overhead_s, "per_chunk_s": sv.per_chunk_s},
+            "arrival_s": sv.arrival_s, "per_step_s": sv.step_time.overhead_s, "per_chunk_s": sv.per_chunk_s,
+            **({"per_first_chunk_s": sv.per_first_chunk_s, "per_last_chunk_s": sv.per_last_chunk_s}
+               if sv.has_stream_ends else {})},
         "summary": {"items": len(verdicts), "passed": sum(1 for v in verdicts if v),
                     "failed": sum(1 for v in verdicts if not v),
                     "strict": {"tolerance_items": len(tol_items),
@@ -390,7 +395,10 @@ def format_table(report: dict[str, Any]) -> str:
     fe = report.get("server_front_end")
     lines.append("server runs: " + ("no server section: offline step time, no front end" if fe is None else
                  f"server step time + front end (arrival {fe['arrival_s'] * 1e3:.1f} ms, {fe['per_step_s'] * 1e3:.3f} ms "
-                 f"per step + {fe['per_chunk_s'] * 1e3:.3f} ms per streamed chunk)"))
+                 f"per step + {fe['per_chunk_s'] * 1e3:.3f} ms per streamed chunk"
+                 + (f" + {fe['per_first_chunk_s'] * 1e3:.3f} ms per stream opened + "
+                    f"{fe['per_last_chunk_s'] * 1e3:.3f} ms per stream closed" if "per_first_chunk_s" in fe else "")
+                 + ")"))
     k = report.get("noise_draws", 1)
     if k > 1:
         lines.append(f"profile replays: {k} noise draws a run; twin = their median, twin sp. = their spread "

@@ -37,7 +37,9 @@ class FitOptions:
     idle wakes it leaves out of the server regimes). ``server_offline_attention``: the server section's
     ``per_attention_pair_s`` is the offline fit's times the server runs' speed against the offline model (the median
     of measured over offline-predicted model time on their prefill steps), and the server runs fit the other terms:
-    two server runs without a shared prefix leave the attention term nearly collinear with the token term."""
+    two server runs without a shared prefix leave the attention term nearly collinear with the token term.
+    ``stream_ends``: the server front end's time per stream opened and closed in a step (``ServerFrontEnd.
+    per_first_chunk_s`` / ``per_last_chunk_s``), fitted with the per-step and per-chunk terms (``fit_front_end``)."""
 
     prefill_per_request: bool = False
     first_step: bool = False
@@ -48,6 +50,7 @@ class FitOptions:
     server_scaled_offline: bool = False
     idle_wake: bool = False
     server_offline_attention: bool = False
+    stream_ends: bool = False
 
 
 TRIM_MADS = 3.0  # outlier threshold in scaled median absolute deviations of log(measured / fitted)

@@ -135,11 +135,25 @@ def reconstruct(rec: RecordedRun) -> ServerSteps:
     return steps
 
 
-def front_end_samples(steps: ServerSteps) -> tuple[np.ndarray, np.ndarray]:
-    """``(gaps_s, chunks)`` for every pair of consecutive steps a, a+1 that both streamed tokens with the engine
-    busy in between (some request admitted by step a still unfinished): the client-side interval between their
-    tokens minus step a+1's recorded model time, and step a+1's streamed chunks. Pairs with the engine idle
-    in between are left out: their interval includes the wait for the next request."""
+def stream_ends(steps: ServerSteps) -> tuple[np.ndarray, np.ndarray]:
+    """``(firsts, lasts)``: per step, the requests whose first token (a stream's first chunk) and whose last token
+    (its final chunk) it emitted."""
+    n = len(steps.shapes)
+    firsts = np.zeros(n, dtype=np.int64)
+    lasts = np.zeros(n, dtype=np.int64)
+    for ts in steps.token_steps.values():
+        if ts.size:
+            firsts[int(ts[0])] += 1
+            lasts[int(ts[-1])] += 1
+    return firsts, lasts
+
+
+def front_end_samples(steps: ServerSteps) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(gaps_s, chunks, firsts, lasts)`` for every pair of consecutive steps a, a+1 that both streamed tokens with
+    the engine busy in between (some request admitted by step a still unfinished): the client-side interval between
+    their tokens minus step a+1's recorded model time, and step a+1's streamed chunks, first chunks and last chunks
+    (``stream_ends``). Pairs with the engine idle in between are left out: their interval includes the wait for the
+    next request."""
     n = len(steps.shapes)
     admitted = np.zeros(n + 1, dtype=np.int64)  # requests first scheduled at step i
     finished = np.zeros(n + 1, dtype=np.int64)  # requests whose last token came at step i
@@ -147,17 +161,22 @@ def front_end_samples(steps: ServerSteps) -> tuple[np.ndarray, np.ndarray]:
         admitted[first] += 1
         finished[int(steps.token_steps[rid][-1])] += 1
     in_flight = np.cumsum(admitted) - np.cumsum(finished)  # after step i
-    gaps, chunks = [], []
+    step_firsts, step_lasts = stream_ends(steps)
+    gaps, later = [], []
     for a, t_a in steps.end_s.items():
         t_b = steps.end_s.get(a + 1)
         if t_b is not None and in_flight[a] > 0:
             gaps.append(t_b - t_a - float(steps.elapsed_s[a + 1]))
-            chunks.append(int(steps.chunks[a + 1]))
-    return np.asarray(gaps, dtype=np.float64), np.asarray(chunks, dtype=np.int64)
+            later.append(a + 1)
+    b = np.asarray(later, dtype=np.int64)
+    return (np.asarray(gaps, dtype=np.float64), steps.chunks[b].astype(np.int64), step_firsts[b], step_lasts[b])
 
 
-def fit_front_end(gaps_s: np.ndarray, chunks: np.ndarray) -> tuple[float, float]:
-    """``gap = base + per_chunk * chunks`` by non-negative least squares: ``(base_s, per_chunk_s)``.
+def fit_front_end(gaps_s: np.ndarray, chunks: np.ndarray,
+                  ends: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[float, float, float, float]:
+    """``gap = base + per_chunk * chunks`` by non-negative least squares: ``(base_s, per_chunk_s, 0, 0)``. With
+    ``ends`` = ``(firsts, lasts)`` (``front_end_samples``), ``+ per_first * firsts + per_last * lasts`` as well:
+    ``(base_s, per_chunk_s, per_first_chunk_s, per_last_chunk_s)`` (``twin calibrate --stream-ends``).
 
     Least squares, not a robust fit, so the twin's summed front-end time equals the recorded one (E2E and
     throughput add the gaps up). With the idle pairs left out (``front_end_samples``) the largest gap in the
@@ -165,12 +184,18 @@ def fit_front_end(gaps_s: np.ndarray, chunks: np.ndarray) -> tuple[float, float]
     """
     from twin.engine_profiles.fit import nnls
 
-    x = np.column_stack([np.ones(gaps_s.size), chunks.astype(np.float64)])
-    base_s, per_chunk_s = nnls(x, np.asarray(gaps_s, dtype=np.float64))
-    return float(base_s), float(per_chunk_s)
+    cols = [np.ones(gaps_s.size), chunks.astype(np.float64)]
+    if ends is not None:
+        cols += [np.asarray(e, dtype=np.float64) for e in ends]
+    coef = nnls(np.column_stack(cols), np.asarray(gaps_s, dtype=np.float64))
+    base_s, per_chunk_s = float(coef[0]), float(coef[1])
+    if ends is None:
+        return base_s, per_chunk_s, 0.0, 0.0
+    return base_s, per_chunk_s, float(coef[2]), float(coef[3])
 
 
-def arrival_bounds(rec: RecordedRun, steps: ServerSteps, *, front_end_s: float) -> tuple[np.ndarray, np.ndarray]:
+def arrival_bounds(rec: RecordedRun, steps: ServerSteps, *, front_end_s: float,
+                   step_front_s: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per request, the interval ``(lower, upper]`` its arrival time must lie in to be first scheduled where it was,
     relative to its send time (``lower`` is -inf where there is no such bound).
 
@@ -180,6 +205,8 @@ def arrival_bounds(rec: RecordedRun, steps: ServerSteps, *, front_end_s: float) 
     When step k-1's tokens came before the send (or there is no step k-1), the engine was idle and started step
     k on the arrival: the interval is ``(start - front_end_s, start]`` with ``start`` the client time of step
     k's tokens less step k's recorded time (and the front end's ``front_end_s``), when step k finished its prompt.
+    With ``step_front_s`` (each step's modelled front-end time, ``step_front_end_s``: a fit with stream ends) that
+    interval is centred on step k's own front-end time instead, its half-width still ``front_end_s``.
     """
     budget = rec.run.max_num_batched_tokens
     lower, upper = [], []
@@ -192,7 +219,8 @@ def arrival_bounds(rec: RecordedRun, steps: ServerSteps, *, front_end_s: float) 
             upper.append(prev_end - r.arrival_s)
             lower.append(start_prev - r.arrival_s if (room and start_prev is not None) else -np.inf)
         elif steps.token_steps[r.request_id][0] == k:  # idle engine, one-step prefill
-            start = steps.end_s[k] - float(steps.elapsed_s[k]) - front_end_s
+            front = front_end_s if step_front_s is None else float(step_front_s[k])
+            start = steps.end_s[k] - float(steps.elapsed_s[k]) - front
             upper.append(start - r.arrival_s + front_end_s)
             lower.append(start - r.arrival_s - front_end_s)
     return np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64)
@@ -228,12 +256,23 @@ def idle_wakes(rec: RecordedRun, steps: ServerSteps, *, arrival_s: float) -> lis
     return out
 
 
-def idle_wake_excess_s(wakes: list[tuple[int, float, float]], steps: ServerSteps, model_s: np.ndarray, *,
-                       front_end_s: float, per_chunk_s: float) -> list[float]:
+def idle_wake_excess_s(wakes: list[tuple[int, float, float]], model_s: np.ndarray,
+                       fixed_s: np.ndarray) -> list[float]:
     """How much later than the fitted server model puts it each idle wake's first token came (``idle_wakes``):
-    ``first token - (ready + model_s[k] + front_end_s + per_chunk_s * chunks[k])``."""
-    return [t - (ready + float(model_s[k]) + front_end_s + per_chunk_s * float(steps.chunks[k]))
-            for k, ready, t in wakes]
+    ``first token - (ready + model_s[k] + fixed_s[k])``, with ``fixed_s`` each step's front-end time
+    (``step_front_end_s``)."""
+    return [t - (ready + float(model_s[k]) + float(fixed_s[k])) for k, ready, t in wakes]
+
+
+def step_front_end_s(steps: ServerSteps, *, base_s: float, per_chunk_s: float, per_first_s: float = 0.0,
+                     per_last_s: float = 0.0) -> np.ndarray:
+    """Each reconstructed step's front-end time as a profile's ``server`` section models it: the per-step base, the
+    per-chunk time of its streamed chunks and, where fitted (``--stream-ends``), its streams opened and closed."""
+    t = base_s + per_chunk_s * steps.chunks
+    if per_first_s or per_last_s:
+        firsts, lasts = stream_ends(steps)
+        t = t + per_first_s * firsts + per_last_s * lasts
+    return t
 
 
 ARRIVAL_GRID_S = 0.0005  # the arrival time is chosen on this grid (a step of a few ms cannot resolve finer)

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from twin.calibration.recorded import RecordedRun, load_recorded_run
-from twin.calibration.server import ServerSteps, reconstruct
+from twin.calibration.server import ServerSteps, reconstruct, step_front_end_s
 from twin.engine_profiles.profile import ServerFrontEnd
 from twin.metrics import distribution
 
@@ -130,7 +130,8 @@ def cold_start(rec: RecordedRun, server: ServerFrontEnd | None, steps: ServerSte
     excess = first_step_excess_s(
         steps.elapsed_s, float(predict_model_s(server.step_time, steps.shapes[:1])[0]),
         first_token_s=q.token_times_s[0] - server.arrival_s, token_step=int(steps.token_steps[q.request_id][0]),
-        fixed_s=server.step_time.overhead_s + server.per_chunk_s * steps.chunks)
+        fixed_s=step_front_end_s(steps, base_s=server.step_time.overhead_s, per_chunk_s=server.per_chunk_s,
+                                 per_first_s=server.per_first_chunk_s, per_last_s=server.per_last_chunk_s))
     return excess - (server.step_time.first_step_s or 0.0), sent_before
 
 

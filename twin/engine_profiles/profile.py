@@ -304,10 +304,22 @@ class ServerFrontEnd(_Frozen):
         default=0.0, ge=0, description="extra time of the first step after the engine was idle for at least "
                                        "twin.calibration.server.IDLE_AFTER_S (a request sent to a quiet server); "
                                        "0 and left out of the file unless fitted (twin calibrate --idle-wake)")
+    per_first_chunk_s: float = Field(
+        default=0.0, ge=0, description="front-end time per stream opened in a step (a request's first token), "
+                                       "beyond per_chunk_s; 0 and left out of the file unless fitted "
+                                       "(twin calibrate --stream-ends)")
+    per_last_chunk_s: float = Field(
+        default=0.0, ge=0, description="front-end time per stream closed in a step (a request's last token), "
+                                       "beyond per_chunk_s; 0 and left out of the file unless fitted "
+                                       "(twin calibrate --stream-ends)")
+
+    @property
+    def has_stream_ends(self) -> bool:
+        return bool(self.per_first_chunk_s or self.per_last_chunk_s)
 
     @model_serializer(mode="wrap")
     def _leave_out_zero_terms(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _without_zero(handler(self), ("idle_wake_s",))
+        return _without_zero(handler(self), ("idle_wake_s", "per_first_chunk_s", "per_last_chunk_s"))
 
 
 class EngineProfileSpec(_Frozen):
