@@ -492,8 +492,12 @@ def _rel(twin: float, real: float) -> float | None:
     return (twin - real) / real
 
 
-def compare(rec: RecordedRun, result: RunResult) -> dict[str, Any]:
-    """Exact items (steps, composition, preemptions, prefix hits) and latency percentiles, real vs twin."""
+def compare(rec: RecordedRun, result: RunResult, *, server: Any = None) -> dict[str, Any]:
+    """Exact items (steps, composition, preemptions, prefix hits) and latency percentiles, real vs twin.
+
+    ``server``: the profile's ``server`` section a server run was replayed with (``server_front_end``). The
+    twin's logged step times leave out only the front end's per-step base, so its per-chunk and per-stream time is
+    taken out of the twin's step-time sum here, as the recording's ``elapsed_ms`` has none of it."""
     out: dict[str, Any] = {"run": rec.path.name, "mode": rec.run.mode, "requests": len(rec.requests)}
     eng = result.world.engine
     twin_it = result.tables["iterations"].to_pydict()
@@ -510,7 +514,12 @@ def compare(rec: RecordedRun, result: RunResult) -> dict[str, Any]:
             "twin_at_mismatch": list(twin_comp[first]) if first is not None and first < len(twin_comp) else None,
         }
         real_ms = float(np.sum(rec.iterations.elapsed_ms))
-        out["step_time_sum_s"] = {"real": real_ms / 1000.0, "twin": float(np.sum(twin_it["elapsed_ms"])) / 1000.0}
+        twin_s = float(np.sum(twin_it["elapsed_ms"])) / 1000.0
+        if server is not None and server.per_chunk_s:
+            twin_s -= server.per_chunk_s * (sum(twin_it["ctx_requests"]) + sum(twin_it["gen_requests"]))
+        if server is not None and server.has_stream_ends:  # each request opens one stream and closes one
+            twin_s -= (server.per_first_chunk_s + server.per_last_chunk_s) * len(rec.requests)
+        out["step_time_sum_s"] = {"real": real_ms / 1000.0, "twin": twin_s}
         out["step_time_sum_s"]["rel_error"] = _rel(out["step_time_sum_s"]["twin"], out["step_time_sum_s"]["real"])
     pre_real = rec.metric("num_preemptions")
     out["preemptions"] = {"real": pre_real, "twin": eng.num_preemptions,

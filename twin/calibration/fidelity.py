@@ -74,7 +74,7 @@ def _rel(twin: float | None, real: float | None) -> float | None:
 
 
 def _values(rec: RecordedRun, result: Any, comparison: dict[str, Any], *, overhead_s: float,
-            overhead_in_log_s: float, per_chunk_s: float = 0.0, per_stream_s: float = 0.0) -> dict[str, Any]:
+            overhead_in_log_s: float) -> dict[str, Any]:
     """Flat item -> twin value (and real value) from one ``compare`` output."""
     real: dict[str, Any] = {}
     twin: dict[str, Any] = {}
@@ -85,14 +85,12 @@ def _values(rec: RecordedRun, result: Any, comparison: dict[str, Any], *, overhe
     real["output_tokens_per_s"] = comparison["output_tokens_per_s"]["real"]
     twin["output_tokens_per_s"] = comparison["output_tokens_per_s"]["twin"]
     it = result.tables["iterations"]
-    steps_twin = it.num_rows
-    # the iteration log's elapsed_ms leaves out only the overhead the step model declares (overhead_in_log_s)
-    twin_sum = float(np.sum(it.column("elapsed_ms").to_numpy())) / 1e3 - (overhead_s - overhead_in_log_s) * steps_twin
-    if per_chunk_s:  # the server front end's streaming time is in the twin's logged step time: take it out
-        chunks = int(np.sum(it.column("ctx_requests").to_numpy())) + int(np.sum(it.column("gen_requests").to_numpy()))
-        twin_sum -= per_chunk_s * chunks
-    if per_stream_s:  # and its time per stream opened and closed: each request opens one and closes one
-        twin_sum -= per_stream_s * len(rec.requests)
+    # the iteration log's elapsed_ms leaves out only the overhead the step model declares (overhead_in_log_s); a
+    # server run's front end beyond its per-step base is already out of the comparison's sum (``compare``; a run
+    # without a recorded iteration log has no such item there)
+    logged = (comparison["step_time_sum_s"]["twin"] if "step_time_sum_s" in comparison
+              else float(np.sum(it.column("elapsed_ms").to_numpy())) / 1e3)
+    twin_sum = logged - (overhead_s - overhead_in_log_s) * it.num_rows
     real["step_time_sum_s"] = float(np.sum(rec.iterations.elapsed_ms)) / 1e3 if rec.iterations is not None else None
     twin["step_time_sum_s"] = twin_sum
     exact_real: dict[str, Any] = {}
@@ -194,14 +192,13 @@ def _replay_both(rec: RecordedRun, profile: str, overhead_s: float, overhead_in_
         acct: dict[str, float] = {"overhead_s": overhead_s, "overhead_in_log_s": overhead_in_log_s}
     else:  # the server front end's per-step base is the model's overhead, so the log already leaves it out
         fe = server.step_time.overhead_s
-        acct = {"overhead_s": fe, "overhead_in_log_s": fe, "per_chunk_s": server.per_chunk_s,
-                "per_stream_s": server.per_first_chunk_s + server.per_last_chunk_s}
+        acct = {"overhead_s": fe, "overhead_in_log_s": fe}
     each = []
     for k in range(draws):
         res_p = replay(rec, profile=profile, step_times="profile", noise=noise, noise_seed=noise_seed + k)
         if not res_p.ok:
             raise RuntimeError(f"{rec.path}: the profile replay failed: {res_p.manifest['exception']}")
-        each.append(_values(rec, res_p, compare(rec, res_p), **acct))
+        each.append(_values(rec, res_p, compare(rec, res_p, server=server), **acct))
     prof = each[0] if draws == 1 else _over_draws(each)
     recd: dict[str, Any] = {}
     if rec.iterations is not None and len(rec.iterations) > 0:
@@ -213,7 +210,7 @@ def _replay_both(rec: RecordedRun, profile: str, overhead_s: float, overhead_in_
             res_r = replay(rec, profile=profile, step_times="recorded")
             if not res_r.ok:
                 raise RuntimeError(f"{rec.path}: the recorded-step replay failed: {res_r.manifest['exception']}")
-            recd = _values(rec, res_r, compare(rec, res_r), **acct)
+            recd = _values(rec, res_r, compare(rec, res_r, server=server), **acct)
             recd["timing"] = recorded_step_timing(res_r)
     return _RunReplays(rec=rec, prof=prof, recd=recd, draws=[d["twin"] for d in each] if draws > 1 else None)
 

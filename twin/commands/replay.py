@@ -73,7 +73,7 @@ def format_comparison(c: dict) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from twin.calibration.recorded import RecordedRunError, load_recorded_run
-    from twin.replay import compare, recorded_step_timing, replay
+    from twin.replay import compare, recorded_step_timing, replay, server_front_end
     from twin.scenario import ScenarioError
 
     try:
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         write_outputs(out, tables={}, files={"manifest.json": dumps(result.manifest)})
         print(f"twin replay: the replay failed: {result.manifest['exception']}", file=sys.stderr)
         return 1
-    comparison = compare(rec, result)
+    comparison = compare(rec, result, server=server_front_end(rec, args.profile))
     comparison["step_times"] = mode
     if mode == "recorded":
         comparison["recorded_step_times"] = recorded_step_timing(result)
