@@ -137,22 +137,15 @@ class MatchedStepTimes:
 
 def stream_ends_of(step: Any, max_model_len: int) -> tuple[int, int]:
     """``(opened, closed)``: the requests of a twin step (``twin.models.engine_parts.Step``, read right after it was
-    scheduled) that get their first token in it and those whose last token it emits, by the rules of
-    ``Engine.complete`` (a prefill chunk that does not finish its prompt emits nothing; a request is done at its
-    target output length or at ``max_model_len``)."""
+    scheduled) that get their first token in it and those whose last token it emits (a prefill chunk that does not
+    finish its prompt emits nothing; the last token is where ``EngineRequest.remaining_steps`` runs out)."""
     opened = closed = 0
     for i, r in enumerate(step.reqs):
-        if i < step.g_n:  # a decode group's member: decodes one token (its own fields are offsets)
-            nout = r.num_output
-            total = r.prompt_tokens + nout
-        else:
-            total = r.seq.num_tokens
-            if r.num_computed < total:
-                continue
-            nout = r.num_output
-        if nout == 0:
+        if i >= step.g_n and r.num_computed < r.seq.num_tokens:  # (a decode group's members decode one token)
+            continue
+        if r.num_output == 0:
             opened += 1
-        if nout + 1 >= r.target_output_tokens or total + 1 >= max_model_len:
+        if r.remaining_steps(max_model_len) <= 1:
             closed += 1
     return opened, closed
 
@@ -436,15 +429,15 @@ def replay(rec: RecordedRun, *, profile: str | None, step_times: str = "profile"
             try:
                 model = MatchedStepTimes(reconstruct(rec), fallback, overhead_s=overhead, per_chunk_s=per_chunk)
             except ReconstructionError:
-                model = None
+                pass
         if model is None:
             model = RecordedStepTimes(rec.iterations.elapsed_ms, overhead_s=overhead, fallback=fallback,
                                       per_chunk_s=per_chunk)
-        sc = sc.model_copy(update={"replica": sc.replica.model_copy(update={"max_decode_run_steps": 1})})
     if server is not None and server.has_stream_ends:
         assert model is not None
         model = StreamEndsExtra(model, per_first_s=server.per_first_chunk_s, per_last_s=server.per_last_chunk_s,
                                 max_model_len=rec.run.max_model_len)
+    if step_times == "recorded" or isinstance(model, StreamEndsExtra):  # these time a step at a time
         sc = sc.model_copy(update={"replica": sc.replica.model_copy(update={"max_decode_run_steps": 1})})
     delay = server.arrival_s if server is not None else 0.0
     result = run_scenario(sc, specs=request_specs(rec, arrival_delay_s=delay), step_model=model)
