@@ -15,7 +15,8 @@ from twin.calibration.server import reconstruct
 
 def server_speed(coefficients, runs: Sequence[Path], *, prefill_only: bool = False) -> float:  # noqa: ANN001
     """Median of recorded over ``coefficients``-predicted model time on the server runs' reconstructed steps with
-    both positive (prefill-carrying ones only with ``prefill_only``); the sweep has two server runs."""
+    both positive (prefill-carrying ones only with ``prefill_only``); the sessions it reads (recorded before
+    2026-12-04) have two server runs."""
     steps = [reconstruct(rec) for rec in map(load_recorded_run, runs) if rec.run.mode == "server"]
     assert len(steps) == 2
     shapes = [sh for s in steps for sh in s.shapes]

@@ -108,8 +108,9 @@ FIXTURES: dict[str, WorkloadSpec] = {
 }
 
 # ---------------------------------------------------------------------------------------------------
-# Calibration sweep: one axis at a time, offline (exact step composition) on cpu-tiny-llama, plus two server
-# runs at two arrival rates for the server front end.
+# Calibration sweep: one axis at a time, offline (exact step composition) on cpu-tiny-llama, plus three server
+# runs at three arrival rates for the server front end (the third, 24 req/s, since 2026-12-04: docs/calibration.md,
+# "A busier server run in the sweep").
 CALIBRATION_SWEEP: dict[str, WorkloadSpec] = {
     w.name: w
     for w in [
@@ -199,6 +200,17 @@ CALIBRATION_SWEEP: dict[str, WorkloadSpec] = {
             prompt_tokens=LengthDist(min_tokens=32, max_tokens=640),
             output_tokens=LengthDist(min_tokens=16, max_tokens=96),
             arrivals=Arrivals(kind="poisson", rate_per_s=14.0),
+            engine=EngineSpec(max_model_len=1024),
+        ),
+        _w(
+            "sweep-server-rate-24",
+            description="server, Poisson 24 req/s: faster than a 2-core CPU drains, 40-55 streams a step at the peak",
+            mode="server",
+            seed=111,
+            num_requests=64,
+            prompt_tokens=LengthDist(min_tokens=32, max_tokens=640),
+            output_tokens=LengthDist(min_tokens=16, max_tokens=96),
+            arrivals=Arrivals(kind="poisson", rate_per_s=24.0),
             engine=EngineSpec(max_model_len=1024),
         ),
     ]
