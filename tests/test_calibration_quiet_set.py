@@ -39,26 +39,27 @@ SERVERATTN = QUIET.parent / "cpu-tiny-llama-serverattn"  # the same with the ser
 WORKMATCHED = QUIET.parent / "cpu-tiny-llama-workmatched"  # the same again, twin* of server runs timed by the work
 BUSYSERVER = QUIET.parent / "cpu-tiny-llama-busyserver"  # the sweep with its third server run (24 req/s), 12-04
 BUSYSERVER2 = QUIET.parent / "cpu-tiny-llama-busyserver2"  # the same again, right after it
+FRESHCLONE = QUIET.parent / "cpu-tiny-llama-freshclone"  # the one command from a fresh clone of that sweep, 12-04
 
 
 @pytest.mark.parametrize("root", [QUIET, QUIET2, WARM, WARM2, PINNED_BUSY, PINNED_QUIET, PROBE, PROBE2, INTERLEAVED,
                                   INTERLEAVED2, INTERLEAVED3, INTERLEAVED4, FRESHHOST, FRESHHOST2,
                                   FRESHHOST2_REPEAT, FRESHHOST3, PREFILLWARM, PREFILLWARM2,
                                   PREFILLWARM3, OFFLINEWARM, OFFLINEWARM2, SENDORDER, SERVERATTN, WORKMATCHED,
-                                  BUSYSERVER, BUSYSERVER2],
+                                  BUSYSERVER, BUSYSERVER2, FRESHCLONE],
                          ids=["quiet", "quiet2", "warm", "warm2", "pinned-busy", "pinned-quiet", "probe", "probe2",
                               "interleaved", "interleaved2", "interleaved3", "interleaved4", "freshhost",
                               "freshhost2", "freshhost2-repeat", "freshhost3", "prefillwarm", "prefillwarm2",
                               "prefillwarm3", "offlinewarm", "offlinewarm2", "sendorder", "serverattn",
-                              "workmatched", "busyserver", "busyserver2"])
+                              "workmatched", "busyserver", "busyserver2", "freshclone"])
 def test_the_committed_profile_is_the_fit_of_the_committed_sweep(root: Path) -> None:
     runs = sorted(p for p in (root / "calibration").iterdir() if (p / "run.json").exists())
     # the sweep has had a third server run (sweep-server-rate-24) since 2026-12-04
-    assert len(runs) == (10 if root in (BUSYSERVER, BUSYSERVER2) else 9)
+    assert len(runs) == (10 if root in (BUSYSERVER, BUSYSERVER2, FRESHCLONE) else 9)
     committed = load_profile(str(root / "cpu-tiny-llama.yaml")).spec
     # the fit options its command names (the one command passes --server-offline-attention since 2026-12-03)
     attention = "--server-offline-attention" in committed.provenance.command
-    assert attention == (root in (SERVERATTN, WORKMATCHED, BUSYSERVER, BUSYSERVER2))
+    assert attention == (root in (SERVERATTN, WORKMATCHED, BUSYSERVER, BUSYSERVER2, FRESHCLONE))
     refit = calibrate(runs, name="cpu-tiny-llama", command="test",
                       options=FitOptions(server_offline_attention=attention)).spec
     for regime in ("decode", "prefill"):
@@ -119,11 +120,12 @@ def test_the_committed_fidelity_table_is_what_fidelity_gives() -> None:
     (PREFILLWARM3, None, "fidelity-held-out.json", 138, 58), (OFFLINEWARM, None, "fidelity-held-out.json", 156, 69),
     (OFFLINEWARM2, None, "fidelity-held-out.json", 156, 69), (SENDORDER, None, "fidelity-held-out.json", 155, 68),
     (SERVERATTN, None, "fidelity-held-out.json", 155, 69), (WORKMATCHED, None, "fidelity-held-out.json", 148, 63),
-    (BUSYSERVER, None, "fidelity-held-out.json", 160, 72), (BUSYSERVER2, None, "fidelity-held-out.json", 159, 71)],
+    (BUSYSERVER, None, "fidelity-held-out.json", 160, 72), (BUSYSERVER2, None, "fidelity-held-out.json", 159, 71),
+    (FRESHCLONE, None, "fidelity-held-out.json", 153, 66)],
     ids=["quiet2", "quiet2-no-noise", "warm", "warm2", "pinned-busy", "pinned-quiet", "probe", "probe2", "interleaved",
          "interleaved2", "interleaved3", "interleaved4", "freshhost", "freshhost2", "freshhost2-repeat",
          "freshhost3", "prefillwarm", "prefillwarm2", "prefillwarm3", "offlinewarm", "offlinewarm2", "sendorder",
-         "serverattn", "workmatched", "busyserver", "busyserver2"])
+         "serverattn", "workmatched", "busyserver", "busyserver2", "freshclone"])
 def test_the_four_repeat_sessions_tables_are_what_fidelity_gives(root: Path, noise: bool | None, name: str,
                                                                  passed: int, latency_passed: int) -> None:
     """The second quiet set and the warm-server set: four repeats recorded back to back after their own sweep
