@@ -83,8 +83,8 @@ def test_front_end_fit_recovers_base_and_per_chunk() -> None:
     rng = np.random.default_rng(5)
     chunks = rng.integers(1, 30, size=2000)
     gaps = 0.0012 + 0.00015 * chunks + rng.normal(0, 0.0002, size=chunks.size)
-    base, per_chunk, per_first, per_last = fit_front_end(gaps, chunks)
-    assert per_first == per_last == 0.0  # (no stream ends asked for)
+    base, per_chunk, per_first, per_last, per_in = fit_front_end(gaps, chunks)
+    assert per_first == per_last == per_in == 0.0  # (no stream ends or intake asked for)
     assert base == pytest.approx(0.0012, abs=5e-5) and per_chunk == pytest.approx(0.00015, abs=5e-6)
 
 

@@ -30,11 +30,12 @@ def test_the_fit_recovers_known_terms_and_without_ends_is_the_two_term_fit() -> 
     firsts = rng.binomial(chunks, 0.05)  # each streamed chunk a stream's first or last now and then, as on a server
     lasts = rng.binomial(chunks, 0.05)
     gaps = 0.0006 + 0.00008 * chunks + 0.0004 * firsts + 0.0006 * lasts + rng.normal(0, 0.0001, size=chunks.size)
-    base, per_chunk, per_first, per_last = fit_front_end(gaps, chunks, (firsts, lasts))
+    base, per_chunk, per_first, per_last, per_in = fit_front_end(gaps, chunks, (firsts, lasts))
     assert base == pytest.approx(0.0006, abs=2e-5) and per_chunk == pytest.approx(0.00008, abs=3e-6)
     assert per_first == pytest.approx(0.0004, abs=2e-5) and per_last == pytest.approx(0.0006, abs=2e-5)
     two = fit_front_end(gaps, chunks)
-    assert two[2:] == (0.0, 0.0) and two[1] > per_chunk  # the ends' time lands on the per-chunk term without them
+    assert per_in == 0.0 and two[2:] == (0.0, 0.0, 0.0)
+    assert two[1] > per_chunk  # the ends' time lands on the per-chunk term without them
 
 
 def test_each_request_opens_and_closes_one_stream_in_the_steps_of_its_first_and_last_token() -> None:

@@ -178,13 +178,66 @@ class StreamEndsExtra:
         raise RuntimeError("stream ends are added one step at a time (decode runs are off)")
 
 
+class IntakeExtra:
+    """A server run's step-time model plus the front end's time per request the client sends while a step runs (a
+    profile's ``server.per_request_in_s``, fitted with ``twin calibrate --intake``: in the recorded CPU server runs
+    the next tokens came about 0.7 ms later for each request sent during the step, the API server parsing,
+    tokenizing and handing it to the engine core on the core the engine shares; docs/calibration.md, "The front
+    end's time per request taken in"). ``sends_s`` are the recorded client send times, on the replay's clock. The
+    replica asks ``stretch_step`` with each step's start and duration; a step that grows can take in more sends, so
+    the count is iterated to its fixed point. It needs each step's start, so replays that use it run without decode
+    runs. Replays only: the fleet simulation never builds it."""
+
+    def __init__(self, base: Any, *, per_request_in_s: float, sends_s: Any) -> None:
+        self.base = base
+        self.per_request_in_s = float(per_request_in_s)
+        self.sends_s = sorted(float(t) for t in sends_s)
+        self.overhead_s = getattr(base, "overhead_s", 0.0)
+        self.woke_after_idle = getattr(base, "woke_after_idle", None)  # (IdleWakeExtra's hook, passed through)
+        self._by_step = getattr(base, "step_time_for", None)
+        self.added_s = 0.0  # the intake time added over the replay (``compare`` takes it out of the step-time sum)
+        self.taken_in = 0  # requests counted
+
+    def step_time_for(self, step: Any) -> float:
+        return self._by_step(step) if self._by_step is not None else self.base.step_time_s(step.shape)
+
+    def stretch_step(self, t0_s: float, duration_s: float) -> float:
+        """``duration_s`` plus ``per_request_in_s`` for each send in ``(t0_s, t0_s + the result]``."""
+        from bisect import bisect_right
+
+        sends, x = self.sends_s, self.per_request_in_s
+        lo = bisect_right(sends, t0_s)
+        n = 0
+        d = duration_s
+        while True:
+            m = bisect_right(sends, t0_s + d, lo) - lo
+            if m == n:
+                break
+            n = m
+            d = duration_s + x * n
+        self.added_s += d - duration_s
+        self.taken_in += n
+        return d
+
+    def step_time_s(self, shape: StepShape) -> float:  # a step without its start: no sends known
+        return self.base.step_time_s(shape)
+
+    def decode_run_s(self, decode_requests: int, decode_context_tokens: int, num_steps: int) -> np.ndarray:
+        raise RuntimeError("the intake time is added one step at a time (decode runs are off)")
+
+
+def _unwrapped(model: Any) -> Any:
+    """The step model under the replay's per-step wrappers (``IntakeExtra``, ``StreamEndsExtra``)."""
+    while isinstance(model, (IntakeExtra, StreamEndsExtra)):
+        model = model.base
+    return model
+
+
 def recorded_step_timing(result: RunResult) -> dict[str, Any]:
     """How a recorded-step replay timed its steps: ``{"matched": "work", "exact": ..., "scaled": ...,
     "modelled": ...}`` (``MatchedStepTimes``: a server run) or ``{"matched": "index"}`` (step *i* took the recorded
     step *i*'s time)."""
-    m = result.world.replica.step_model
-    if isinstance(m, StreamEndsExtra):
-        m = m.base
+    m = _unwrapped(result.world.replica.step_model)
     if isinstance(m, MatchedStepTimes):
         return {"matched": "work", "exact": m.exact, "scaled": m.scaled, "modelled": m.modelled}
     return {"matched": "index"}
@@ -369,7 +422,9 @@ def replay(rec: RecordedRun, *, profile: str | None, step_times: str = "profile"
     (0, the default, is the run's own seed; k > 0 a different one per k), to see the twin's own spread. A profile's
     ``first_step_s`` (server runs: its server section's), where fitted, is added to the first step of a profile
     replay (``FirstStepExtra``), never to recorded step times; likewise a fitted decode ``batch_change_s``
-    (``BatchChangeExtra``) and a server section's ``idle_wake_s`` (``IdleWakeExtra``)."""
+    (``BatchChangeExtra``) and a server section's ``idle_wake_s`` (``IdleWakeExtra``). A server section's stream-end
+    and intake terms, where fitted, are added to profile and recorded replays alike (``StreamEndsExtra``,
+    ``IntakeExtra``)."""
     if step_times not in ("profile", "recorded"):
         raise ValueError("step_times must be 'profile' or 'recorded'")
     if step_times == "profile" and profile is None:
@@ -437,7 +492,11 @@ def replay(rec: RecordedRun, *, profile: str | None, step_times: str = "profile"
         assert model is not None
         model = StreamEndsExtra(model, per_first_s=server.per_first_chunk_s, per_last_s=server.per_last_chunk_s,
                                 max_model_len=rec.run.max_model_len)
-    if step_times == "recorded" or isinstance(model, StreamEndsExtra):  # these time a step at a time
+    if server is not None and server.per_request_in_s:
+        assert model is not None
+        model = IntakeExtra(model, per_request_in_s=server.per_request_in_s,
+                            sends_s=[r.arrival_s for r in rec.requests])
+    if step_times == "recorded" or isinstance(model, (StreamEndsExtra, IntakeExtra)):  # these time a step at a time
         sc = sc.model_copy(update={"replica": sc.replica.model_copy(update={"max_decode_run_steps": 1})})
     delay = server.arrival_s if server is not None else 0.0
     result = run_scenario(sc, specs=request_specs(rec, arrival_delay_s=delay), step_model=model)
@@ -512,6 +571,8 @@ def compare(rec: RecordedRun, result: RunResult, *, server: Any = None) -> dict[
             twin_s -= server.per_chunk_s * (sum(twin_it["ctx_requests"]) + sum(twin_it["gen_requests"]))
         if server is not None and server.has_stream_ends:  # each request opens one stream and closes one
             twin_s -= (server.per_first_chunk_s + server.per_last_chunk_s) * len(rec.requests)
+        if isinstance(result.world.replica.step_model, IntakeExtra):
+            twin_s -= result.world.replica.step_model.added_s
         out["step_time_sum_s"] = {"real": real_ms / 1000.0, "twin": twin_s}
         out["step_time_sum_s"]["rel_error"] = _rel(out["step_time_sum_s"]["twin"], out["step_time_sum_s"]["real"])
     pre_real = rec.metric("num_preemptions")

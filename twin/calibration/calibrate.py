@@ -48,6 +48,7 @@ from twin.calibration.server import (
     fit_arrival_s,
     fit_front_end,
     front_end_samples,
+    front_end_sent,
     idle_wake_excess_s,
     idle_wakes,
     reconstruct,
@@ -446,15 +447,18 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
         raise CalibrationError("no usable server run:\n  " + "\n  ".join(refused))
     samples = [front_end_samples(s) for s in steps]
     gaps, chunks, s_firsts, s_lasts = (np.concatenate([x[i] for x in samples]) for i in range(4))
-    base_s, per_chunk_s, per_first_s, per_last_s = fit_front_end(
-        gaps, chunks, (s_firsts, s_lasts) if options.stream_ends else None)
+    s_sent = np.concatenate([front_end_sent(s) for s in steps])
+    base_s, per_chunk_s, per_first_s, per_last_s, per_in_s = fit_front_end(
+        gaps, chunks, (s_firsts, s_lasts) if options.stream_ends else None,
+        sent=s_sent if options.intake else None)
     fixed = [step_front_end_s(s, base_s=base_s, per_chunk_s=per_chunk_s, per_first_s=per_first_s,
-                              per_last_s=per_last_s) for s in steps]  # each step's front-end time
+                              per_last_s=per_last_s, per_in_s=per_in_s) for s in steps]  # each step's front-end time
     shapes = [sh for s in steps for sh in s.shapes]
     elapsed = np.concatenate([s.elapsed_s for s in steps])
     lengths = [len(s.shapes) for s in steps]
     firsts = _first_steps(lengths) if options.first_step else None
-    bounds = [arrival_bounds(r, s, front_end_s=base_s, step_front_s=f if options.stream_ends else None)
+    bounds = [arrival_bounds(r, s, front_end_s=base_s,
+                             step_front_s=f if (options.stream_ends or options.intake) else None)
               for r, s, f in zip(used, steps, fixed, strict=True)]
     lower = np.concatenate([lo for lo, _ in bounds])
     upper = np.concatenate([hi for _, hi in bounds])
@@ -512,9 +516,12 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
                      f"for at least {IDLE_AFTER_S * 1e3:.0f} ms, their steps left out of the regimes" + (
                          f" (quartiles {', '.join(f'{q * 1e3:.2f}' for q in np.quantile(excess, [0.25, 0.75]))} ms)."
                          if excess else "."))
-    resid = gaps - (base_s + per_chunk_s * chunks + per_first_s * s_firsts + per_last_s * s_lasts)
+    resid = gaps - (base_s + per_chunk_s * chunks + per_first_s * s_firsts + per_last_s * s_lasts
+                    + per_in_s * s_sent)
     ends_note = (f" + {per_first_s * 1e3:.3f} ms per stream opened + {per_last_s * 1e3:.3f} ms per stream closed "
                  f"(stream_ends)" if options.stream_ends else "")
+    if options.intake:
+        ends_note += f" + {per_in_s * 1e3:.3f} ms per request sent while the step ran (intake)"
     notes = (
         f"Fitted to {len(steps)} server runs, {elapsed.size} steps reconstructed from the iteration logs (FCFS walk "
         f"over the requests in send order, checked against every step's gen_requests). Front end per step: "
@@ -537,5 +544,6 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
                               generated_on=generated_on, notes=notes),
         step_time_noise=step_time_noise(coefficients, shapes, elapsed, exclude=firsts),
         idle_wake_s=idle_wake_s, per_first_chunk_s=per_first_s, per_last_chunk_s=per_last_s,
+        per_request_in_s=per_in_s,
     )
     return ServerFit(front_end=front_end, used=[r.path for r in used], refused=refused)

@@ -39,7 +39,9 @@ class FitOptions:
     of measured over offline-predicted model time on their prefill steps), and the server runs fit the other terms:
     two server runs without a shared prefix leave the attention term nearly collinear with the token term.
     ``stream_ends``: the server front end's time per stream opened and closed in a step (``ServerFrontEnd.
-    per_first_chunk_s`` / ``per_last_chunk_s``), fitted with the per-step and per-chunk terms (``fit_front_end``)."""
+    per_first_chunk_s`` / ``per_last_chunk_s``), fitted with the per-step and per-chunk terms (``fit_front_end``).
+    ``intake``: the server front end's time per request the client sent while a step ran (``ServerFrontEnd.
+    per_request_in_s``), fitted the same way on the requests sent between the pair's tokens (``front_end_sent``)."""
 
     prefill_per_request: bool = False
     first_step: bool = False
@@ -51,6 +53,7 @@ class FitOptions:
     idle_wake: bool = False
     server_offline_attention: bool = False
     stream_ends: bool = False
+    intake: bool = False
 
 
 TRIM_MADS = 3.0  # outlier threshold in scaled median absolute deviations of log(measured / fitted)

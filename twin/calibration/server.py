@@ -16,7 +16,9 @@ From the reconstructed steps of server runs :func:`fit_server` fits (see docs/ca
 * **per-step front-end time**: the time between a step's model output and the next step's tokens reaching
   the client that ``elapsed_ms`` does not cover, as ``base + per_chunk * (streamed chunks of the step)``
   (each request that gets a token in a step is one SSE chunk the API server detokenizes and writes while the
-  engine core waits for its share of the core). Least squares over consecutive token-emitting steps;
+  engine core waits for its share of the core). Least squares over consecutive token-emitting steps. Optional
+  terms: per stream opened and closed (``--stream-ends``) and per request the client sent while the step ran
+  (``--intake``: the API server parses, tokenizes and hands a new request to the engine core on the same core);
 * **arrival time**: from the client's send to the request being schedulable in the engine (HTTP, request
   parsing, IPC to the engine core) plus the last hop back to the client, measured on requests that reached an
   idle engine: ``TTFT - (recorded time of its one prefill step + that step's front-end time)``.
@@ -53,6 +55,7 @@ class ServerSteps:
     end_s: dict[int, float] = field(default_factory=dict)  # step -> median client time of its tokens
     # request id -> its prefill chunks as (first prompt token computed, one past the last, step)
     chunk_steps: dict[str, list[tuple[int, int, int]]] = field(default_factory=dict)
+    sent: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # per step (sends_during)
 
 
 def reconstruct(rec: RecordedRun) -> ServerSteps:
@@ -132,7 +135,36 @@ def reconstruct(rec: RecordedRun) -> ServerSteps:
         for k, t in zip(steps.token_steps[r.request_id].tolist(), r.token_times_s, strict=True):
             per_step.setdefault(k, []).append(r.arrival_s + t)
     steps.end_s = {k: float(np.median(v)) for k, v in sorted(per_step.items())}
+    steps.sent = sends_during(steps, {r.request_id: r.arrival_s for r in reqs})
     return steps
+
+
+def sends_during(steps: ServerSteps, sends_s: dict[str, float]) -> np.ndarray:
+    """Per step k, how many requests (``sends_s``: request id -> client send time) the client sent while it ran:
+    those sent in ``(end_s[k-1], end_s[k]]`` when the engine was busy between the two steps (some request admitted
+    by step k-1 unfinished), and in ``(send of the earliest request step k admitted, end_s[k]]`` when step k started
+    on that request reaching an idle engine (its own send, and those before it, are not taken in while step k runs:
+    as in the twin's replay, where the step starts on the arrival). 0 where step k streamed nothing, or step k-1
+    nothing with the engine busy."""
+    n = len(steps.shapes)
+    sends = np.sort(np.fromiter(sends_s.values(), dtype=np.float64, count=len(sends_s)))
+    admitted = np.zeros(n + 1, dtype=np.int64)
+    finished = np.zeros(n + 1, dtype=np.int64)
+    earliest: dict[int, float] = {}  # step -> the earliest send among the requests it admitted
+    for rid, first in steps.first_step.items():
+        admitted[first] += 1
+        finished[int(steps.token_steps[rid][-1])] += 1
+        earliest[first] = min(earliest.get(first, np.inf), sends_s[rid])
+    in_flight = np.cumsum(admitted) - np.cumsum(finished)  # after step i
+    out = np.zeros(n, dtype=np.int64)
+    for k, t_b in steps.end_s.items():
+        if k > 0 and in_flight[k - 1] > 0:
+            t_a = steps.end_s.get(k - 1)
+        else:
+            t_a = earliest.get(k)
+        if t_a is not None:
+            out[k] = int(np.searchsorted(sends, t_b, side="right") - np.searchsorted(sends, t_a, side="right"))
+    return out
 
 
 def stream_ends(steps: ServerSteps) -> tuple[np.ndarray, np.ndarray]:
@@ -148,12 +180,9 @@ def stream_ends(steps: ServerSteps) -> tuple[np.ndarray, np.ndarray]:
     return firsts, lasts
 
 
-def front_end_samples(steps: ServerSteps) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``(gaps_s, chunks, firsts, lasts)`` for every pair of consecutive steps a, a+1 that both streamed tokens with
-    the engine busy in between (some request admitted by step a still unfinished): the client-side interval between
-    their tokens minus step a+1's recorded model time, and step a+1's streamed chunks, first chunks and last chunks
-    (``stream_ends``). Pairs with the engine idle in between are left out: their interval includes the wait for the
-    next request."""
+def _busy_pairs(steps: ServerSteps) -> tuple[np.ndarray, np.ndarray]:
+    """``(gaps_s, later)``: for every pair of consecutive streaming steps a, a+1 with the engine busy in between,
+    the client-side interval between their tokens less step a+1's recorded model time, and a+1."""
     n = len(steps.shapes)
     admitted = np.zeros(n + 1, dtype=np.int64)  # requests first scheduled at step i
     finished = np.zeros(n + 1, dtype=np.int64)  # requests whose last token came at step i
@@ -161,22 +190,38 @@ def front_end_samples(steps: ServerSteps) -> tuple[np.ndarray, np.ndarray, np.nd
         admitted[first] += 1
         finished[int(steps.token_steps[rid][-1])] += 1
     in_flight = np.cumsum(admitted) - np.cumsum(finished)  # after step i
-    step_firsts, step_lasts = stream_ends(steps)
     gaps, later = [], []
     for a, t_a in steps.end_s.items():
         t_b = steps.end_s.get(a + 1)
         if t_b is not None and in_flight[a] > 0:
             gaps.append(t_b - t_a - float(steps.elapsed_s[a + 1]))
             later.append(a + 1)
-    b = np.asarray(later, dtype=np.int64)
-    return (np.asarray(gaps, dtype=np.float64), steps.chunks[b].astype(np.int64), step_firsts[b], step_lasts[b])
+    return np.asarray(gaps, dtype=np.float64), np.asarray(later, dtype=np.int64)
 
 
-def fit_front_end(gaps_s: np.ndarray, chunks: np.ndarray,
-                  ends: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[float, float, float, float]:
-    """``gap = base + per_chunk * chunks`` by non-negative least squares: ``(base_s, per_chunk_s, 0, 0)``. With
-    ``ends`` = ``(firsts, lasts)`` (``front_end_samples``), ``+ per_first * firsts + per_last * lasts`` as well:
-    ``(base_s, per_chunk_s, per_first_chunk_s, per_last_chunk_s)`` (``twin calibrate --stream-ends``).
+def front_end_samples(steps: ServerSteps) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(gaps_s, chunks, firsts, lasts)`` for every pair of consecutive steps a, a+1 that both streamed tokens with
+    the engine busy in between (some request admitted by step a still unfinished): the client-side interval between
+    their tokens minus step a+1's recorded model time, and step a+1's streamed chunks, first chunks and last chunks
+    (``stream_ends``). Pairs with the engine idle in between are left out: their interval includes the wait for the
+    next request. ``front_end_sent`` gives the same pairs' requests sent."""
+    gaps, b = _busy_pairs(steps)
+    step_firsts, step_lasts = stream_ends(steps)
+    return gaps, steps.chunks[b].astype(np.int64), step_firsts[b], step_lasts[b]
+
+
+def front_end_sent(steps: ServerSteps) -> np.ndarray:
+    """For the pairs of ``front_end_samples``, in its order: the requests sent while the later step ran
+    (``ServerSteps.sent``, the column ``twin calibrate --intake`` adds to the fit)."""
+    return steps.sent[_busy_pairs(steps)[1]]
+
+
+def fit_front_end(gaps_s: np.ndarray, chunks: np.ndarray, ends: tuple[np.ndarray, np.ndarray] | None = None, *,
+                  sent: np.ndarray | None = None) -> tuple[float, float, float, float, float]:
+    """``gap = base + per_chunk * chunks`` by non-negative least squares: ``(base_s, per_chunk_s, 0, 0, 0)``. With
+    ``ends`` = ``(firsts, lasts)`` (``front_end_samples``), ``+ per_first * firsts + per_last * lasts`` as well
+    (``twin calibrate --stream-ends``); with ``sent`` (``front_end_sent``), ``+ per_in * sent`` (``--intake``):
+    ``(base_s, per_chunk_s, per_first_chunk_s, per_last_chunk_s, per_request_in_s)``, 0 for a term not fitted.
 
     Least squares, not a robust fit, so the twin's summed front-end time equals the recorded one (E2E and
     throughput add the gaps up). With the idle pairs left out (``front_end_samples``) the largest gap in the
@@ -187,11 +232,13 @@ def fit_front_end(gaps_s: np.ndarray, chunks: np.ndarray,
     cols = [np.ones(gaps_s.size), chunks.astype(np.float64)]
     if ends is not None:
         cols += [np.asarray(e, dtype=np.float64) for e in ends]
-    coef = nnls(np.column_stack(cols), np.asarray(gaps_s, dtype=np.float64))
-    base_s, per_chunk_s = float(coef[0]), float(coef[1])
-    if ends is None:
-        return base_s, per_chunk_s, 0.0, 0.0
-    return base_s, per_chunk_s, float(coef[2]), float(coef[3])
+    if sent is not None:
+        cols.append(np.asarray(sent, dtype=np.float64))
+    coef = [float(c) for c in nnls(np.column_stack(cols), np.asarray(gaps_s, dtype=np.float64))]
+    base_s, per_chunk_s = coef[0], coef[1]
+    per_first_s, per_last_s = (coef[2], coef[3]) if ends is not None else (0.0, 0.0)
+    per_in_s = coef[-1] if sent is not None else 0.0
+    return base_s, per_chunk_s, per_first_s, per_last_s, per_in_s
 
 
 def arrival_bounds(rec: RecordedRun, steps: ServerSteps, *, front_end_s: float,
@@ -265,13 +312,16 @@ def idle_wake_excess_s(wakes: list[tuple[int, float, float]], model_s: np.ndarra
 
 
 def step_front_end_s(steps: ServerSteps, *, base_s: float, per_chunk_s: float, per_first_s: float = 0.0,
-                     per_last_s: float = 0.0) -> np.ndarray:
+                     per_last_s: float = 0.0, per_in_s: float = 0.0) -> np.ndarray:
     """Each reconstructed step's front-end time as a profile's ``server`` section models it: the per-step base, the
-    per-chunk time of its streamed chunks and, where fitted (``--stream-ends``), its streams opened and closed."""
+    per-chunk time of its streamed chunks and, where fitted, its streams opened and closed (``--stream-ends``) and
+    the requests sent while it ran (``--intake``)."""
     t = base_s + per_chunk_s * steps.chunks
     if per_first_s or per_last_s:
         firsts, lasts = stream_ends(steps)
         t = t + per_first_s * firsts + per_last_s * lasts
+    if per_in_s:
+        t = t + per_in_s * steps.sent
     return t
 
 

@@ -131,7 +131,8 @@ def cold_start(rec: RecordedRun, server: ServerFrontEnd | None, steps: ServerSte
         steps.elapsed_s, float(predict_model_s(server.step_time, steps.shapes[:1])[0]),
         first_token_s=q.token_times_s[0] - server.arrival_s, token_step=int(steps.token_steps[q.request_id][0]),
         fixed_s=step_front_end_s(steps, base_s=server.step_time.overhead_s, per_chunk_s=server.per_chunk_s,
-                                 per_first_s=server.per_first_chunk_s, per_last_s=server.per_last_chunk_s))
+                                 per_first_s=server.per_first_chunk_s, per_last_s=server.per_last_chunk_s,
+                                 per_in_s=server.per_request_in_s))
     return excess - (server.step_time.first_step_s or 0.0), sent_before
 
 

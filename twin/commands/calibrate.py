@@ -55,6 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stream-ends", action="store_true",
                    help="fit the server front end's time per stream opened and closed in a step (a request's first "
                         "and last chunk), applied by replays of server runs (off by default; docs/calibration.md)")
+    p.add_argument("--intake", action="store_true",
+                   help="fit the server front end's time per request sent while a step runs (the API server taking "
+                        "it in), applied by replays of server runs (off by default; docs/calibration.md)")
     p.add_argument("--cross-validate", action="store_true",
                    help="write no profile: leave each run out of the fit in turn and print the error on it")
     p.add_argument("--noise", action=argparse.BooleanOptionalAction, default=None,
@@ -106,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
                          decode_single_request=args.decode_single_request, decode_context_sq=args.decode_context_sq,
                          decode_batch_change=args.decode_batch_change, run_levels=args.run_levels,
                          server_scaled_offline=args.server_scaled_offline, idle_wake=args.idle_wake,
-                         server_offline_attention=args.server_offline_attention, stream_ends=args.stream_ends)
+                         server_offline_attention=args.server_offline_attention, stream_ends=args.stream_ends,
+                         intake=args.intake)
     if args.cross_validate:
         if args.out is not None or args.name is not None:
             print("twin calibrate: --cross-validate writes no profile (drop --out / --name)", file=sys.stderr)
@@ -128,7 +132,8 @@ def run(args: argparse.Namespace) -> int:
                + (" --server-scaled-offline" if options.server_scaled_offline else "")
                + (" --idle-wake" if options.idle_wake else "")
                + (" --server-offline-attention" if options.server_offline_attention else "")
-               + (" --stream-ends" if options.stream_ends else ""))
+               + (" --stream-ends" if options.stream_ends else "")
+               + (" --intake" if options.intake else ""))
     try:
         result = calibrate(args.run_dirs, name=name, command=command, generated_on=args.date, source_label=_label,
                            options=options)
@@ -165,6 +170,9 @@ def run(args: argparse.Namespace) -> int:
     if options.stream_ends:
         print(f"  server streams    +{sv.per_first_chunk_s * 1e3:.3f} ms per stream opened, "
               f"+{sv.per_last_chunk_s * 1e3:.3f} ms per stream closed in a step (replays only)")
+    if options.intake:
+        print(f"  server intake     +{sv.per_request_in_s * 1e3:.3f} ms per request sent while a step runs"
+              " (replays only)")
     if options.idle_wake:
         print(f"  server idle wake  +{sv.idle_wake_s * 1e3:.3f} ms on the first step after the engine sat idle"
               " (replays only)")

@@ -313,13 +313,19 @@ class ServerFrontEnd(_Frozen):
                                        "beyond per_chunk_s; 0 and left out of the file unless fitted "
                                        "(twin calibrate --stream-ends)")
 
+    per_request_in_s: float = Field(
+        default=0.0, ge=0, description="front-end time per request the client sends while a step runs (the API "
+                                       "server taking it in: parse, tokenize, hand to the engine core), added to "
+                                       "that step; 0 and left out of the file unless fitted (twin calibrate --intake)")
+
     @property
     def has_stream_ends(self) -> bool:
         return bool(self.per_first_chunk_s or self.per_last_chunk_s)
 
     @model_serializer(mode="wrap")
     def _leave_out_zero_terms(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _without_zero(handler(self), ("idle_wake_s", "per_first_chunk_s", "per_last_chunk_s"))
+        return _without_zero(handler(self), ("idle_wake_s", "per_first_chunk_s", "per_last_chunk_s",
+                                             "per_request_in_s"))
 
 
 class EngineProfileSpec(_Frozen):

@@ -75,6 +75,8 @@ class Replica:
         self._woke_after_idle: Callable[[float], None] | None = getattr(step_model, "woke_after_idle", None)
         # a replay's model that times a step by its members (``twin.replay.MatchedStepTimes``), else None
         self._step_time_for: Callable[[Step], float] | None = getattr(step_model, "step_time_for", None)
+        # a replay's model that lengthens a step by what happens while it runs (``twin.replay.IntakeExtra``), else None
+        self._stretch_step: Callable[[float, float], float] | None = getattr(step_model, "stretch_step", None)
         self.process: simpy.Process | None = None
 
     def start(self) -> None:
@@ -197,6 +199,8 @@ class Replica:
         d = (self.step_model.step_time_s(step.shape) if by_step is None else by_step(step)) * self.speed_factor
         if self.decode_speedup is not None and step.p_req == 0:
             d /= self.decode_speedup(step.d_req)
+        if self._stretch_step is not None:
+            d = self._stretch_step(t0, d)
         yield self.env.timeout(d)
         self._log_iteration(step, t0, d)
         finished = self.engine.complete(step, self.env.now)
