@@ -15,6 +15,7 @@ Offline runs, and profiles without a ``server`` section, replay as before.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -203,8 +204,6 @@ class IntakeExtra:
 
     def stretch_step(self, t0_s: float, duration_s: float) -> float:
         """``duration_s`` plus ``per_request_in_s`` for each send in ``(t0_s, t0_s + the result]``."""
-        from bisect import bisect_right
-
         sends, x = self.sends_s, self.per_request_in_s
         lo = bisect_right(sends, t0_s)
         n = 0

@@ -139,6 +139,18 @@ def reconstruct(rec: RecordedRun) -> ServerSteps:
     return steps
 
 
+def _in_flight(steps: ServerSteps) -> np.ndarray:
+    """Per step i, the requests admitted by step i and not finished by it (the engine is busy after step i when
+    this is positive)."""
+    n = len(steps.shapes)
+    admitted = np.zeros(n + 1, dtype=np.int64)  # requests first scheduled at step i
+    finished = np.zeros(n + 1, dtype=np.int64)  # requests whose last token came at step i
+    for rid, first in steps.first_step.items():
+        admitted[first] += 1
+        finished[int(steps.token_steps[rid][-1])] += 1
+    return np.cumsum(admitted) - np.cumsum(finished)
+
+
 def sends_during(steps: ServerSteps, sends_s: dict[str, float]) -> np.ndarray:
     """Per step k, how many requests (``sends_s``: request id -> client send time) the client sent while it ran:
     those sent in ``(end_s[k-1], end_s[k]]`` when the engine was busy between the two steps (some request admitted
@@ -146,17 +158,12 @@ def sends_during(steps: ServerSteps, sends_s: dict[str, float]) -> np.ndarray:
     on that request reaching an idle engine (its own send, and those before it, are not taken in while step k runs:
     as in the twin's replay, where the step starts on the arrival). 0 where step k streamed nothing, or step k-1
     nothing with the engine busy."""
-    n = len(steps.shapes)
     sends = np.sort(np.fromiter(sends_s.values(), dtype=np.float64, count=len(sends_s)))
-    admitted = np.zeros(n + 1, dtype=np.int64)
-    finished = np.zeros(n + 1, dtype=np.int64)
     earliest: dict[int, float] = {}  # step -> the earliest send among the requests it admitted
     for rid, first in steps.first_step.items():
-        admitted[first] += 1
-        finished[int(steps.token_steps[rid][-1])] += 1
         earliest[first] = min(earliest.get(first, np.inf), sends_s[rid])
-    in_flight = np.cumsum(admitted) - np.cumsum(finished)  # after step i
-    out = np.zeros(n, dtype=np.int64)
+    in_flight = _in_flight(steps)
+    out = np.zeros(len(steps.shapes), dtype=np.int64)
     for k, t_b in steps.end_s.items():
         if k > 0 and in_flight[k - 1] > 0:
             t_a = steps.end_s.get(k - 1)
@@ -183,13 +190,7 @@ def stream_ends(steps: ServerSteps) -> tuple[np.ndarray, np.ndarray]:
 def _busy_pairs(steps: ServerSteps) -> tuple[np.ndarray, np.ndarray]:
     """``(gaps_s, later)``: for every pair of consecutive streaming steps a, a+1 with the engine busy in between,
     the client-side interval between their tokens less step a+1's recorded model time, and a+1."""
-    n = len(steps.shapes)
-    admitted = np.zeros(n + 1, dtype=np.int64)  # requests first scheduled at step i
-    finished = np.zeros(n + 1, dtype=np.int64)  # requests whose last token came at step i
-    for rid, first in steps.first_step.items():
-        admitted[first] += 1
-        finished[int(steps.token_steps[rid][-1])] += 1
-    in_flight = np.cumsum(admitted) - np.cumsum(finished)  # after step i
+    in_flight = _in_flight(steps)
     gaps, later = [], []
     for a, t_a in steps.end_s.items():
         t_b = steps.end_s.get(a + 1)
