@@ -148,7 +148,7 @@ def test_calibrate_fits_offline_runs_as_before_and_server_runs_into_the_server_s
 
 
 def test_a_profile_without_a_server_section_is_written_as_before(tmp_path: Path) -> None:
-    for name in ("llama3-8b-bf16-tp1-h100", "cpu-small-llama"):
+    for name in ("llama3-8b-bf16-tp1-h100", "llama3-70b-fp8-tp4-h100"):
         spec = load_profile(name).spec
         assert spec.server is None
         write_spec(spec, tmp_path / f"{name}.yaml")

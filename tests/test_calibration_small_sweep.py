@@ -1,0 +1,77 @@
+"""The one command's session for cpu-small-llama (tests/fixtures/calibration/cpu-small-llama-sweep, SOURCES.md there):
+the profile and the fidelity table committed beside the recordings are what `twin calibrate` and `twin fidelity` give
+on them today, so the figures docs/calibration.md quotes ("cpu-small-llama: the one command") are reproducible."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from twin.calibration.calibrate import FitOptions, calibrate
+from twin.calibration.fidelity import fidelity
+from twin.engine_profiles import load_profile
+
+ROOT = Path(__file__).resolve().parent / "fixtures" / "calibration" / "cpu-small-llama-sweep"
+REPEATS = ("held-out", "held-out-repeat2", "held-out-repeat3", "held-out-repeat4")
+LATENCY = ("ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s", "e2e_p50_s", "e2e_p90_s")
+
+
+def _run_key(run: str) -> str:
+    """``held-out*/RUN`` of a run path (the command wrote the table from runs/calibrate-cpu/, not the fixture)."""
+    return "/".join(run.rstrip("/").split("/")[-2:])
+
+
+def test_the_committed_profile_is_the_fit_of_the_committed_sweep() -> None:
+    runs = sorted(p for p in (ROOT / "calibration").iterdir() if (p / "run.json").exists())
+    assert len(runs) == 10
+    committed = load_profile(str(ROOT / "cpu-small-llama.yaml"))
+    assert committed.model.hidden_size == 512 and committed.model.num_layers == 6
+    spec = committed.spec
+    assert "--server-offline-attention" in spec.provenance.command
+    refit = calibrate(runs, name="cpu-small-llama", command="test",
+                      options=FitOptions(server_offline_attention=True)).spec
+    assert spec.server is not None and refit.server is not None
+    for mine, theirs in ((spec.step_time, refit.step_time), (spec.server.step_time, refit.server.step_time)):
+        for regime in ("decode", "prefill"):
+            for k, v in getattr(theirs, regime).model_dump().items():
+                assert getattr(getattr(mine, regime), k) == pytest.approx(v, rel=1e-9, abs=1e-15), (regime, k)
+        assert mine.overhead_s == pytest.approx(theirs.overhead_s, rel=1e-9)
+    assert spec.server.arrival_s == pytest.approx(refit.server.arrival_s, rel=1e-9)
+    assert spec.server.per_chunk_s == pytest.approx(refit.server.per_chunk_s, rel=1e-9)
+    assert spec.step_time_noise == refit.step_time_noise
+    assert spec.server.step_time_noise == refit.server.step_time_noise
+    # the shipped profile is the same fit, from the fixture's paths
+    shipped = load_profile("cpu-small-llama").spec
+    assert shipped.step_time == spec.step_time and shipped.server.step_time == spec.server.step_time
+    assert shipped.step_time_noise == spec.step_time_noise
+
+
+def test_the_committed_fidelity_table_is_what_fidelity_gives() -> None:
+    """153 of 160 items and 67 of 72 TTFT/ITL/E2E p50/p90 items, nine noise draws a run; offline step composition,
+    preemptions and prefix hits exact on all four repeats; the seven failures all on the server prefix-mix runs."""
+    runs = sorted(p for rep in REPEATS for p in (ROOT / rep).iterdir())
+    assert len(runs) == 12
+    committed = json.loads((ROOT / "fidelity-held-out.json").read_text())
+    assert committed["noise_draws"] == 9
+    report = fidelity(runs, profile=str(ROOT / "cpu-small-llama.yaml"), draws=9)
+    assert report["summary"] == committed["summary"]
+    assert committed["summary"]["passed"] == 153 and committed["summary"]["items"] == 160
+    assert sum(r["items"][k]["pass"] for r in report["runs"] for k in LATENCY) == 67
+    got = {(_run_key(r["run"]), k): (i["pass"], i["twin"], i.get("twin_recorded_steps"))
+           for r in report["runs"] for k, i in r["items"].items()}
+    want = {(_run_key(r["run"]), k): (i["pass"], i["twin"], i.get("twin_recorded_steps"))
+            for r in committed["runs"] for k, i in r["items"].items()}
+    assert set(got) == set(want)
+    for key, (ok, twin, twin_recorded) in want.items():
+        assert got[key][0] == ok, key
+        for g, w in ((got[key][1], twin), (got[key][2], twin_recorded)):
+            assert g == (pytest.approx(w, rel=1e-9) if isinstance(w, float) else w), key
+    for r in report["runs"]:
+        if "offline" in r["run"]:
+            for k in ("steps", "composition", "preemptions", "prefix_cache_hits"):
+                assert r["items"][k]["pass"] is True, (r["run"], k)
+    failed = {(_run_key(r["run"]), k) for r in report["runs"] for k, i in r["items"].items()
+              if i["pass"] is False}
+    assert len(failed) == 7 and all("heldout-server-prefix-mix" in run for run, _ in failed)
