@@ -5,9 +5,9 @@
     python -m benchmarks --fleet-scale 0.25 --multiples 1,4,16 --sim-s 30 --repeats 3   # each fleet case's median of 3
 
 The second form is the issue's three fleet sizes (0.25, 1.0 and 4.0 times the 10M-user note's ~540 replicas) for a
-shorter window than its 10 simulated minutes: 6–9 CPU-minutes and 7 GB at 30 simulated s on the machine of
-docs/performance.md; 600 s takes ~40 CPU-minutes and ~19 GB at 1x alone (`python -m benchmarks.fleet --scale 1
---sim-s 600 --multiples 1`), and more memory than that machine has at 4x.
+shorter window than its 10 simulated minutes: ~2.5 CPU-minutes a round and 3.4 GB at 30 simulated s
+(docs/performance.md, round 27); 600 s takes ~25 CPU-minutes and ~14 GB at 1x alone (`python -m benchmarks.fleet
+--scale 1 --sim-s 600 --multiples 1`), and more memory than a 24 GB machine has at 4x.
 """
 
 import argparse

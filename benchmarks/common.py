@@ -24,7 +24,7 @@ def interpreter() -> str:
     """The Python running the benchmark, as a row records it: version, whether the interpreter's code is in a
     shared ``libpython`` (pyenv's default build) or in the executable (Debian's ``/usr/bin/python3``), and
     whether configure had ``--enable-optimizations`` (PGO). The same code ran ~10-17 % slower on this machine's
-    shared, unoptimised pyenv build than on Debian's static one (docs/performance.md, round 22), so figures
+    shared, unoptimised pyenv build than on Debian's static one (docs/performance-rounds.md, round 22), so figures
     from different interpreters are not compared as if they were one."""
     try:
         with open("/proc/self/maps", encoding="utf-8") as f:

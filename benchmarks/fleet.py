@@ -51,7 +51,7 @@ def run_case(case: str, *, scale: float, sim_s: float, show: bool = True) -> dic
              "itl_gaps": s["itl_s"]["count"],
              "itl_entries": sum(len(e.itl_values) for e in w.engines()),
              # is the fleet keeping up? At the note's peak the 0.0625x and 0.25x fleets build a backlog in the
-             # global queue and the full fleet does not (docs/performance.md, rounds 8 and 11)
+             # global queue and the full fleet does not (docs/performance-rounds.md, rounds 8 and 11)
              "queue_wait_p50_s": s["queue_s"]["p50"], "queued_at_end": w.queue.count}
     return emit(case, sim_requests=turns, sim_s=s["sim_time_s"], events=events, wall_s=wall, extra=extra, show=show)
 

@@ -1,7 +1,7 @@
 """Float sums that reach a result are exact sums rounded once (``math.fsum``), so a run's tables are the same on
 every Python that pyproject admits. Python 3.12 changed the built-in ``sum`` of floats to a compensated
 summation, so the same scenario and seed gave summaries that differed in their last digits between 3.11 and
-3.12/3.13 (the fleet's GPU-hours and the dollars computed from them: docs/performance.md, round 22)."""
+3.12/3.13 (the fleet's GPU-hours and the dollars computed from them: docs/performance-rounds.md, round 22)."""
 
 from __future__ import annotations
 

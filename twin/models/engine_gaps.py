@@ -13,7 +13,7 @@ Until 2026-11-30 a group step's entry was expanded into one gap per member when 
 (~400 gaps per turn in a fleet run, 12 bytes each, and the fleet summary's products 8 more), because the
 mean was a pairwise float sum over the expanded gaps in order; the exact mean made the expansion
 unnecessary. At 0.0625x for 10 simulated minutes the fleet's 61.9 M gaps are now 1.3 M entries
-(docs/performance.md, "Round 10").
+(docs/performance-rounds.md, "Round 10").
 
 ``GapColumns`` is mixed into ``twin.models.engine.Engine``.
 """

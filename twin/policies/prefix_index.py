@@ -52,7 +52,7 @@ class ApproxPrefixIndex:
     Per record that is a lookup and a bisection per run it shortens, and an eviction changes a run's bounds:
     a block-by-block LRU moved every block of the prompt (~114 at the fleet's peak, ~66 of them already there)
     in a table of millions (~40 % of the index's time on records captured from the fleet benchmark,
-    docs/performance.md round 17), and a dict of every held block, kept for the scorer's one-lookup test, cost
+    docs/performance-rounds.md round 17), and a dict of every held block, kept for the scorer's one-lookup test, cost
     an insertion per new block and a deletion per evicted one (round 18). The LRU order, sizes, matches and
     holders are those of the block-by-block LRU (``tests/test_prefix_index.py`` drives both).
 
