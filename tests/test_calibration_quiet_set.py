@@ -13,6 +13,8 @@ from twin.calibration.calibrate import FitOptions, calibrate
 from twin.calibration.fidelity import fidelity
 from twin.engine_profiles import load_profile
 
+from calibkit import check_refit, check_table
+
 QUIET = Path(__file__).resolve().parent / "fixtures" / "calibration" / "cpu-tiny-llama-quiet"
 QUIET2 = QUIET.parent / "cpu-tiny-llama-quiet2"  # the same command, a second quiet session ~3.5 hours later
 WARM = QUIET.parent / "cpu-tiny-llama-warm"  # the same command with the recorder's server warm-up, 4 hours later
@@ -62,40 +64,7 @@ def test_the_committed_profile_is_the_fit_of_the_committed_sweep(root: Path) -> 
     assert attention == (root in (SERVERATTN, WORKMATCHED, BUSYSERVER, BUSYSERVER2, FRESHCLONE))
     refit = calibrate(runs, name="cpu-tiny-llama", command="test",
                       options=FitOptions(server_offline_attention=attention)).spec
-    for regime in ("decode", "prefill"):
-        for k, v in getattr(refit.step_time, regime).model_dump().items():
-            assert getattr(getattr(committed.step_time, regime), k) == pytest.approx(v, rel=1e-9, abs=1e-15)
-    assert committed.step_time.overhead_s == pytest.approx(refit.step_time.overhead_s, rel=1e-9)
-    assert committed.server is not None and refit.server is not None
-    assert committed.server.arrival_s == pytest.approx(refit.server.arrival_s, rel=1e-9)
-    assert committed.server.per_chunk_s == pytest.approx(refit.server.per_chunk_s, rel=1e-9)
-    assert committed.step_time_noise == refit.step_time_noise
-    assert committed.server.step_time_noise == refit.server.step_time_noise
-    for regime in ("decode", "prefill"):
-        for k, v in getattr(refit.server.step_time, regime).model_dump().items():
-            assert getattr(getattr(committed.server.step_time, regime), k) == pytest.approx(v, rel=1e-9, abs=1e-15)
-
-
-def _held_out_key(run: str) -> str:
-    """``held-out*/RUN`` of a run path, wherever the table was written from (the two-repeat tables by
-    scripts/calibrate-cpu.sh under runs/calibrate-cpu/cpu-tiny-llama/, later ones from the fixtures)."""
-    return "held-out" + run.split("/held-out", 1)[1]
-
-
-def _check_table(report: dict, committed: dict) -> None:
-    assert report["summary"] == committed["summary"]
-    got = {(_held_out_key(r["run"]), k): (i["pass"], i["twin"], i.get("twin_recorded_steps"))
-           for r in report["runs"] for k, i in r["items"].items()}
-    want = {(_held_out_key(r["run"]), k): (i["pass"], i["twin"], i.get("twin_recorded_steps"))
-            for r in committed["runs"] for k, i in r["items"].items()}
-    assert set(got) == set(want)
-    for key, (ok, twin, twin_recorded) in want.items():
-        assert got[key][0] == ok, key
-        for g, w in ((got[key][1], twin), (got[key][2], twin_recorded)):  # the profile's replay and twin*
-            if isinstance(w, float):
-                assert g == pytest.approx(w, rel=1e-9), key
-            else:
-                assert g == w, key
+    check_refit(committed, refit)
 
 
 def test_the_committed_fidelity_table_is_what_fidelity_gives() -> None:
@@ -103,7 +72,7 @@ def test_the_committed_fidelity_table_is_what_fidelity_gives() -> None:
     report = fidelity(runs, profile=str(QUIET / "cpu-tiny-llama.yaml"), noise=False)
     committed = json.loads((QUIET / "fidelity-held-out.json").read_text())
     assert committed["summary"]["passed"] == 65 and committed["summary"]["items"] == 80
-    _check_table(report, committed)
+    check_table(report, committed)
 
 
 @pytest.mark.parametrize(("root", "noise", "name", "passed", "latency_passed"), [
@@ -140,7 +109,7 @@ def test_the_four_repeat_sessions_tables_are_what_fidelity_gives(root: Path, noi
     assert committed["summary"]["passed"] == passed and committed["summary"]["items"] == 160
     latency = ("ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s", "e2e_p50_s", "e2e_p90_s")
     assert sum(r["items"][k]["pass"] for r in report["runs"] for k in latency) == latency_passed
-    _check_table(report, committed)
+    check_table(report, committed)
 
 
 def test_the_committed_noise_table_is_what_fidelity_noise_gives() -> None:
@@ -151,7 +120,7 @@ def test_the_committed_noise_table_is_what_fidelity_noise_gives() -> None:
     committed = json.loads((QUIET / "fidelity-held-out-noise.json").read_text())
     assert committed["step_time_noise"] is True
     assert committed["summary"]["passed"] == 70 and committed["summary"]["items"] == 80
-    _check_table(report, committed)
+    check_table(report, committed)
 
 
 def test_the_four_repeat_table_is_what_fidelity_gives_with_the_documented_spread() -> None:
@@ -164,7 +133,7 @@ def test_the_four_repeat_table_is_what_fidelity_gives_with_the_documented_spread
     report = fidelity(runs, profile=str(QUIET / "cpu-tiny-llama.yaml"), noise=False)
     committed = json.loads((QUIET / "fidelity-held-out-4-repeats.json").read_text())
     assert committed["summary"]["passed"] == 159 and committed["summary"]["items"] == 160
-    _check_table(report, committed)
+    check_table(report, committed)
     by_workload: dict[str, list[dict]] = {}
     for r in report["runs"]:
         assert r["repeats"] == 4

@@ -13,14 +13,11 @@ from twin.calibration.calibrate import FitOptions, calibrate
 from twin.calibration.fidelity import fidelity
 from twin.engine_profiles import load_profile
 
+from calibkit import check_refit, check_table, held_out_key
+
 ROOT = Path(__file__).resolve().parent / "fixtures" / "calibration" / "cpu-small-llama-sweep"
 REPEATS = ("held-out", "held-out-repeat2", "held-out-repeat3", "held-out-repeat4")
 LATENCY = ("ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s", "e2e_p50_s", "e2e_p90_s")
-
-
-def _run_key(run: str) -> str:
-    """``held-out*/RUN`` of a run path (the command wrote the table from runs/calibrate-cpu/, not the fixture)."""
-    return "/".join(run.rstrip("/").split("/")[-2:])
 
 
 def test_the_committed_profile_is_the_fit_of_the_committed_sweep() -> None:
@@ -32,16 +29,8 @@ def test_the_committed_profile_is_the_fit_of_the_committed_sweep() -> None:
     assert "--server-offline-attention" in spec.provenance.command
     refit = calibrate(runs, name="cpu-small-llama", command="test",
                       options=FitOptions(server_offline_attention=True)).spec
-    assert spec.server is not None and refit.server is not None
-    for mine, theirs in ((spec.step_time, refit.step_time), (spec.server.step_time, refit.server.step_time)):
-        for regime in ("decode", "prefill"):
-            for k, v in getattr(theirs, regime).model_dump().items():
-                assert getattr(getattr(mine, regime), k) == pytest.approx(v, rel=1e-9, abs=1e-15), (regime, k)
-        assert mine.overhead_s == pytest.approx(theirs.overhead_s, rel=1e-9)
-    assert spec.server.arrival_s == pytest.approx(refit.server.arrival_s, rel=1e-9)
-    assert spec.server.per_chunk_s == pytest.approx(refit.server.per_chunk_s, rel=1e-9)
-    assert spec.step_time_noise == refit.step_time_noise
-    assert spec.server.step_time_noise == refit.server.step_time_noise
+    check_refit(spec, refit)
+    assert spec.server.step_time.overhead_s == pytest.approx(refit.server.step_time.overhead_s, rel=1e-9)
     # the shipped profile is the same fit, from the fixture's paths
     shipped = load_profile("cpu-small-llama").spec
     assert shipped.step_time == spec.step_time and shipped.server.step_time == spec.server.step_time
@@ -56,22 +45,13 @@ def test_the_committed_fidelity_table_is_what_fidelity_gives() -> None:
     committed = json.loads((ROOT / "fidelity-held-out.json").read_text())
     assert committed["noise_draws"] == 9
     report = fidelity(runs, profile=str(ROOT / "cpu-small-llama.yaml"), draws=9)
-    assert report["summary"] == committed["summary"]
+    check_table(report, committed)
     assert committed["summary"]["passed"] == 153 and committed["summary"]["items"] == 160
     assert sum(r["items"][k]["pass"] for r in report["runs"] for k in LATENCY) == 67
-    got = {(_run_key(r["run"]), k): (i["pass"], i["twin"], i.get("twin_recorded_steps"))
-           for r in report["runs"] for k, i in r["items"].items()}
-    want = {(_run_key(r["run"]), k): (i["pass"], i["twin"], i.get("twin_recorded_steps"))
-            for r in committed["runs"] for k, i in r["items"].items()}
-    assert set(got) == set(want)
-    for key, (ok, twin, twin_recorded) in want.items():
-        assert got[key][0] == ok, key
-        for g, w in ((got[key][1], twin), (got[key][2], twin_recorded)):
-            assert g == (pytest.approx(w, rel=1e-9) if isinstance(w, float) else w), key
     for r in report["runs"]:
         if "offline" in r["run"]:
             for k in ("steps", "composition", "preemptions", "prefix_cache_hits"):
                 assert r["items"][k]["pass"] is True, (r["run"], k)
-    failed = {(_run_key(r["run"]), k) for r in report["runs"] for k, i in r["items"].items()
+    failed = {(held_out_key(r["run"]), k) for r in report["runs"] for k, i in r["items"].items()
               if i["pass"] is False}
     assert len(failed) == 7 and all("heldout-server-prefix-mix" in run for run, _ in failed)

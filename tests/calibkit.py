@@ -1,0 +1,46 @@
+"""Checks shared by the tests that pin a committed calibration session (tests/fixtures/calibration/*): its profile
+is the refit of its sweep, and its fidelity table is what `twin fidelity` gives today (not a test module)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def check_refit(committed, refit) -> None:  # noqa: ANN001 (two ProfileSpecs)
+    """Every fitted coefficient of ``committed`` (offline and server regimes, front end, noise tables) equals the
+    refit's."""
+    for regime in ("decode", "prefill"):
+        for k, v in getattr(refit.step_time, regime).model_dump().items():
+            assert getattr(getattr(committed.step_time, regime), k) == pytest.approx(v, rel=1e-9, abs=1e-15)
+    assert committed.step_time.overhead_s == pytest.approx(refit.step_time.overhead_s, rel=1e-9)
+    assert committed.server is not None and refit.server is not None
+    assert committed.server.arrival_s == pytest.approx(refit.server.arrival_s, rel=1e-9)
+    assert committed.server.per_chunk_s == pytest.approx(refit.server.per_chunk_s, rel=1e-9)
+    assert committed.step_time_noise == refit.step_time_noise
+    assert committed.server.step_time_noise == refit.server.step_time_noise
+    for regime in ("decode", "prefill"):
+        for k, v in getattr(refit.server.step_time, regime).model_dump().items():
+            assert getattr(getattr(committed.server.step_time, regime), k) == pytest.approx(v, rel=1e-9, abs=1e-15)
+
+
+def held_out_key(run: str) -> str:
+    """``held-out*/RUN`` of a run path, wherever the table was written from (the one command writes it from
+    runs/calibrate-cpu/<model>/, a later `twin fidelity` from the fixture)."""
+    return "held-out" + run.split("/held-out", 1)[1]
+
+
+def check_table(report: dict, committed: dict) -> None:
+    """The same summary, and per run and item the same verdict, twin value and twin* value."""
+    assert report["summary"] == committed["summary"]
+    got = {(held_out_key(r["run"]), k): (i["pass"], i["twin"], i.get("twin_recorded_steps"))
+           for r in report["runs"] for k, i in r["items"].items()}
+    want = {(held_out_key(r["run"]), k): (i["pass"], i["twin"], i.get("twin_recorded_steps"))
+            for r in committed["runs"] for k, i in r["items"].items()}
+    assert set(got) == set(want)
+    for key, (ok, twin, twin_recorded) in want.items():
+        assert got[key][0] == ok, key
+        for g, w in ((got[key][1], twin), (got[key][2], twin_recorded)):  # the profile's replay and twin*
+            if isinstance(w, float):
+                assert g == pytest.approx(w, rel=1e-9), key
+            else:
+                assert g == w, key
