@@ -399,15 +399,26 @@ def _offline_attention(offline: StepTimeCoefficients, shapes: Sequence[StepShape
     return offline.prefill.per_attention_pair_s * speed, speed, int(keep.sum())
 
 
+def _offline_context(offline: StepTimeCoefficients, shapes: Sequence[StepShape], elapsed: np.ndarray, *,
+                     exclude: np.ndarray | None) -> tuple[float, float, int]:
+    """The server section's fixed decode ``per_context_token_s`` (``FitOptions.server_offline_context``): the offline
+    fit's times the server runs' speed on their decode steps (``_speed_against``). Returns ``(per_context_token_s,
+    speed, steps)``."""
+    speed, keep = _speed_against(offline, shapes, elapsed, exclude=exclude, prefill_only=False, decode_only=True,
+                                 what="server_offline_context")
+    return offline.decode.per_context_token_s * speed, speed, int(keep.sum())
+
+
 def _speed_against(offline: StepTimeCoefficients, shapes: Sequence[StepShape], elapsed: np.ndarray, *,
-                   exclude: np.ndarray | None, prefill_only: bool, what: str) -> tuple[float, np.ndarray]:
+                   exclude: np.ndarray | None, prefill_only: bool, what: str, decode_only: bool = False
+                   ) -> tuple[float, np.ndarray]:
     """The server runs' speed against the offline model: the median of measured over offline-predicted model time
-    on the steps with both positive (prefill-carrying ones only with ``prefill_only``; ``exclude``d ones left out),
-    and the mask of those steps."""
+    on the steps with both positive (prefill-carrying ones only with ``prefill_only``, decode-only ones only with
+    ``decode_only``; ``exclude``d ones left out), and the mask of those steps."""
     pred = predict_model_s(offline, shapes)
     keep = (elapsed > 0) & (pred > 0)
-    if prefill_only:
-        keep &= np.array([s.prefill_requests > 0 for s in shapes], dtype=bool)
+    if prefill_only or decode_only:
+        keep &= np.array([(s.prefill_requests > 0) == prefill_only for s in shapes], dtype=bool)
     if exclude is not None:
         keep &= ~exclude
     if not keep.any():
@@ -485,9 +496,18 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
             fixed_pair_s, speed, n = _offline_attention(offline, shapes, elapsed, exclude=firsts)
             attention_note = (f"; per_attention_pair_s the offline fit's times {speed:.4f}, the median of measured / "
                               f"offline-predicted model time over {n} prefill steps (server_offline_attention)")
+        fixed_ctx_s = None
+        if options.server_offline_context:
+            if offline is None:
+                raise CalibrationError("server_offline_context needs the offline fit's coefficients")
+            fixed_ctx_s, speed, n = _offline_context(offline, shapes, elapsed, exclude=firsts)
+            attention_note += (f"; decode per_context_token_s the offline fit's times {speed:.4f}, the median of "
+                               f"measured / offline-predicted model time over {n} decode steps "
+                               f"(server_offline_context)")
         try:
             fit, keep = robust_fit(shapes, elapsed, overhead_s=float(base_s), exclude=firsts, options=options,
-                                   runs=_run_index(lengths), fixed_attention_pair_s=fixed_pair_s)
+                                   runs=_run_index(lengths), fixed_attention_pair_s=fixed_pair_s,
+                                   fixed_decode_context_s=fixed_ctx_s)
         except ValueError as exc:
             raise CalibrationError(f"cannot fit the server step-time regimes: {exc}") from exc
         coefficients = fit.coefficients

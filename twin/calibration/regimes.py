@@ -41,7 +41,12 @@ class FitOptions:
     ``stream_ends``: the server front end's time per stream opened and closed in a step (``ServerFrontEnd.
     per_first_chunk_s`` / ``per_last_chunk_s``), fitted with the per-step and per-chunk terms (``fit_front_end``).
     ``intake``: the server front end's time per request the client sent while a step ran (``ServerFrontEnd.
-    per_request_in_s``), fitted the same way on the requests sent between the pair's tokens (``front_end_sent``)."""
+    per_request_in_s``), fitted the same way on the requests sent between the pair's tokens (``front_end_sent``).
+    ``decode_floor``: the decode regime's batch floor (``DecodeCoefficients.floor_requests``, chosen by
+    ``fit_step_time``), in the offline fit and the server section's alike. ``server_offline_context``: the server
+    section's decode ``per_context_token_s`` is the offline fit's times the server runs' speed against the offline
+    model on their decode steps (``fit_server``), as ``server_offline_attention`` does for the prefill attention
+    term: in the server sweep a decode step's context grows with its batch, so the two terms trade off."""
 
     prefill_per_request: bool = False
     first_step: bool = False
@@ -54,6 +59,8 @@ class FitOptions:
     server_offline_attention: bool = False
     stream_ends: bool = False
     intake: bool = False
+    decode_floor: bool = False
+    server_offline_context: bool = False
 
 
 TRIM_MADS = 3.0  # outlier threshold in scaled median absolute deviations of log(measured / fitted)
@@ -81,7 +88,8 @@ RUN_LEVEL_TOL = 1e-7
 def robust_fit(shapes: Sequence[StepShape], elapsed_s: np.ndarray, *, overhead_s: float,
                prefill_per_request: bool = False, exclude: np.ndarray | None = None,
                options: FitOptions | None = None, runs: Sequence[int] | None = None,
-               fixed_attention_pair_s: float | None = None) -> tuple[StepTimeFit, np.ndarray]:
+               fixed_attention_pair_s: float | None = None,
+               fixed_decode_context_s: float | None = None) -> tuple[StepTimeFit, np.ndarray]:
     """``fit_step_time`` on the recorded durations, refitted without outlier steps until the kept set is stable.
 
     Returns the fit and the mask of steps it used. A step is an outlier when ``|log(measured / fitted)|``
@@ -89,7 +97,8 @@ def robust_fit(shapes: Sequence[StepShape], elapsed_s: np.ndarray, *, overhead_s
     median; steps with a zero duration, and those ``exclude`` marks (a run's first step when ``first_step_s`` is
     fitted), are never used. ``prefill_per_request``: ``fit_step_time``'s fifth prefill column; ``options`` (its
     ``prefill_per_request`` counts too): the decode regime's optional columns, the batch-change flags taken over the
-    whole ``shapes`` sequence (runs in order). ``fixed_attention_pair_s``: ``fit_step_time``'s, not fitted.
+    whole ``shapes`` sequence (runs in order). ``fixed_attention_pair_s``, ``fixed_decode_context_s``:
+    ``fit_step_time``'s, not fitted.
 
     With ``options.run_levels`` (``runs``: each step's run, required then), every run's durations are divided by
     that run's level before the coefficients are fitted, and the levels (the median of measured / fitted over the
@@ -120,6 +129,7 @@ def robust_fit(shapes: Sequence[StepShape], elapsed_s: np.ndarray, *, overhead_s
                                 decode_single_request=opts.decode_single_request,
                                 decode_context_sq=opts.decode_context_sq,
                                 decode_batch_changed=None if changed is None else changed[idx],
+                                decode_floor=opts.decode_floor, fixed_decode_context_s=fixed_decode_context_s,
                                 fixed_attention_pair_s=fixed_attention_pair_s)
             if opts.run_levels:
                 before = level

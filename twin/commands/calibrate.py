@@ -37,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="fit the extra time of a run's first step, applied by replays (off by default)")
     p.add_argument("--decode-single-request", action="store_true",
                    help="fit an extra decode-step time when exactly one request decodes (off by default)")
+    p.add_argument("--decode-floor", action="store_true",
+                   help="fit a batch floor in the decode regime: a decode step of fewer requests costs what one of "
+                        "the fitted floor does (off by default; docs/calibration.md)")
     p.add_argument("--decode-context-sq", action="store_true",
                    help="fit a decode term in context tokens squared per request (off by default)")
     p.add_argument("--decode-batch-change", action="store_true",
@@ -52,6 +55,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the server section's attention term (per_attention_pair_s) from the offline fit, scaled by "
                         "the server runs' speed; the other server terms fitted as before (off by default; "
                         "docs/calibration.md)")
+    p.add_argument("--server-offline-context", action="store_true",
+                   help="the server section's decode context term (per_context_token_s) from the offline fit, scaled "
+                        "by the server runs' speed on their decode steps; the other server terms fitted as before "
+                        "(off by default; docs/calibration.md)")
     p.add_argument("--stream-ends", action="store_true",
                    help="fit the server front end's time per stream opened and closed in a step (a request's first "
                         "and last chunk), applied by replays of server runs (off by default; docs/calibration.md)")
@@ -83,7 +90,8 @@ def _label(path: Path) -> str:
 
 def _decode_terms(d: object) -> str:
     """The optional decode terms of a ``DecodeCoefficients`` that are set, as printed after the linear ones."""
-    parts = [(d.single_request_s, lambda v: f" + {v * 1e3:.3f} ms if 1 req"),  # type: ignore[attr-defined]
+    parts = [(d.floor_requests, lambda v: f" (requests counted as at least {v})"),  # type: ignore[attr-defined]
+             (d.single_request_s, lambda v: f" + {v * 1e3:.3f} ms if 1 req"),  # type: ignore[attr-defined]
              (d.per_context_token_sq_s, lambda v: f" + {v * 1e12:.4f} ps*ctx^2/req"),  # type: ignore[attr-defined]
              (d.batch_change_s, lambda v: f" + {v * 1e3:.3f} ms if the batch shrank")]  # type: ignore[attr-defined]
     return "".join(f(v) for v, f in parts if v)
@@ -110,7 +118,8 @@ def run(args: argparse.Namespace) -> int:
                          decode_batch_change=args.decode_batch_change, run_levels=args.run_levels,
                          server_scaled_offline=args.server_scaled_offline, idle_wake=args.idle_wake,
                          server_offline_attention=args.server_offline_attention, stream_ends=args.stream_ends,
-                         intake=args.intake)
+                         intake=args.intake, decode_floor=args.decode_floor,
+                         server_offline_context=args.server_offline_context)
     if args.cross_validate:
         if args.out is not None or args.name is not None:
             print("twin calibrate: --cross-validate writes no profile (drop --out / --name)", file=sys.stderr)
@@ -133,7 +142,9 @@ def run(args: argparse.Namespace) -> int:
                + (" --idle-wake" if options.idle_wake else "")
                + (" --server-offline-attention" if options.server_offline_attention else "")
                + (" --stream-ends" if options.stream_ends else "")
-               + (" --intake" if options.intake else ""))
+               + (" --intake" if options.intake else "")
+               + (" --decode-floor" if options.decode_floor else "")
+               + (" --server-offline-context" if options.server_offline_context else ""))
     try:
         result = calibrate(args.run_dirs, name=name, command=command, generated_on=args.date, source_label=_label,
                            options=options)

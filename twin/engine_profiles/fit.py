@@ -80,10 +80,34 @@ def _fit_regime(features: np.ndarray, y: np.ndarray, name: str, *, fixed: tuple[
     return x, regime_quality(features @ x, y)
 
 
+MAX_FLOOR_REQUESTS = 32  # the batch floors tried by ``fit_step_time(decode_floor=True)``
+
+
+def _fit_floor(features: np.ndarray, y: np.ndarray, *, fixed: tuple[int, float] | None = None
+               ) -> tuple[np.ndarray, RegimeFitQuality, int]:
+    """The decode regime fitted with each batch floor k (column 1 = ``max(decode_requests, k)``): the coefficients,
+    their quality, and the k with the least squared relative error (0 when that is 1). ``fixed``: ``_fit_regime``'s."""
+    batch = features[:, 1].copy()
+    best: tuple[float, np.ndarray, int] | None = None
+    for k in range(1, int(min(batch.max(), MAX_FLOOR_REQUESTS)) + 1):
+        f = features.copy()
+        f[:, 1] = np.maximum(batch, k)
+        x, _ = _fit_regime(f, y, "decode-only steps", fixed=fixed)
+        err = float(np.sum(((f @ x - y) / y) ** 2))
+        if best is None or err < best[0]:
+            best = (err, x, k)
+    assert best is not None
+    _, x, k = best
+    f = features.copy()
+    f[:, 1] = np.maximum(batch, k)
+    return x, regime_quality(f @ x, y), (k if k > 1 else 0)
+
+
 def fit_step_time(
     shapes: Sequence[StepShape], elapsed_s: Sequence[float], *, overhead_s: float | None = None,
     prefill_per_request: bool = False, decode_single_request: bool = False, decode_context_sq: bool = False,
     decode_batch_changed: Sequence[bool] | None = None, fixed_attention_pair_s: float | None = None,
+    decode_floor: bool = False, fixed_decode_context_s: float | None = None,
 ) -> StepTimeFit:
     """Fit both regimes to measured (or modelled) step durations.
 
@@ -96,8 +120,12 @@ def fit_step_time(
     ``[decode_requests == 1]`` into ``single_request_s``; ``decode_context_sq``, ``decode_context_tokens**2 /
     decode_requests`` into ``per_context_token_sq_s``; ``decode_batch_changed``, one flag per step (from
     ``profile.decode_batch_changed`` over the run's full step sequence, since ``shapes`` may be a subset), into
-    ``batch_change_s``. ``fixed_attention_pair_s``: the prefill regime's ``per_attention_pair_s`` is this value, not
-    fitted (its time is taken off the prefill steps' durations before the other terms are fitted).
+    ``batch_change_s``; ``decode_floor``, the batch floor ``floor_requests``: the decode regime is fitted with
+    ``max(decode_requests, k)`` in place of ``decode_requests`` for every k from 1 up to the largest batch (at most
+    ``MAX_FLOOR_REQUESTS``), and the k with the least squared relative error kept (1: no floor, written as 0).
+    ``fixed_attention_pair_s``: the prefill regime's ``per_attention_pair_s`` is this value, not fitted (its time is
+    taken off the prefill steps' durations before the other terms are fitted); ``fixed_decode_context_s`` does the
+    same for the decode regime's ``per_context_token_s``.
     """
     if len(shapes) != len(elapsed_s):
         raise ValueError("shapes and elapsed_s must have the same length")
@@ -115,7 +143,12 @@ def fit_step_time(
     used = [f for on, f in extra if on]
     fd = np.array([[1.0, shapes[i].decode_requests, shapes[i].decode_context_tokens] + [f(i) for f in used]
                    for i in dec]).reshape(-1, 3 + len(used))
-    xd, qd = _fit_regime(fd, y_all[dec], "decode-only steps")
+    floor = 0
+    fixed_ctx = None if fixed_decode_context_s is None else (2, fixed_decode_context_s)
+    if decode_floor and dec:
+        xd, qd, floor = _fit_floor(fd, y_all[dec], fixed=fixed_ctx)
+    else:
+        xd, qd = _fit_regime(fd, y_all[dec], "decode-only steps", fixed=fixed_ctx)
     xe = iter(xd[3:])
     terms = {name: (float(next(xe)) if on else 0.0) for name, (on, _) in
              zip(("single_request_s", "per_context_token_sq_s", "batch_change_s"), extra, strict=True)}
@@ -130,7 +163,8 @@ def fit_step_time(
                         fixed=None if fixed_attention_pair_s is None else (2, fixed_attention_pair_s))
     coefficients = StepTimeCoefficients(
         overhead_s=ovh,
-        decode=DecodeCoefficients(base_s=xd[0], per_request_s=xd[1], per_context_token_s=xd[2], **terms),
+        decode=DecodeCoefficients(base_s=xd[0], per_request_s=xd[1], per_context_token_s=xd[2], floor_requests=floor,
+                                  **terms),
         prefill=PrefillCoefficients(
             base_s=xp[0], per_token_s=xp[1], per_attention_pair_s=xp[2], per_decode_context_token_s=xp[3],
             per_request_s=xp[4] if prefill_per_request else 0.0,

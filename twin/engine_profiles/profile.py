@@ -68,8 +68,11 @@ class MemoryAssumptions(_Frozen):
 class DecodeCoefficients(_Frozen):
     """Decode-only step: base_s + per_request_s * decode_requests + per_context_token_s * decode_context_tokens.
 
-    Three optional terms (0 unless fitted on request, ``twin calibrate --decode-*``; left out of the file when 0, so
-    a profile without them is the plain linear model): ``single_request_s`` when exactly one request decodes,
+    Four optional terms (0 unless fitted on request, ``twin calibrate --decode-*``; left out of the file when 0, so
+    a profile without them is the plain linear model): ``floor_requests``, a batch floor: the per-request term
+    counts ``max(decode_requests, floor_requests)`` requests (a decode step of a few requests costs what one of
+    ``floor_requests`` does: measured on the CPU runs, cause not traced; docs/calibration.md, "A batch floor");
+    ``single_request_s`` when exactly one request decodes,
     ``per_context_token_sq_s * decode_context_tokens**2 / decode_requests`` (attention whose cost per token grows
     with each request's context), and ``batch_change_s``, added by replays (never the fleet simulation) to a
     decode-only step with fewer requests than the decode-only step before it (``decode_batch_changed``)."""
@@ -77,6 +80,9 @@ class DecodeCoefficients(_Frozen):
     base_s: float = Field(ge=0)
     per_request_s: float = Field(ge=0)
     per_context_token_s: float = Field(ge=0)
+    floor_requests: int = Field(
+        default=0, ge=0, description="batch floor: per_request_s counts max(decode_requests, floor_requests) requests "
+                                     "(0 or 1: no floor)")
     single_request_s: float = Field(default=0.0, ge=0, description="extra when exactly one request decodes")
     per_context_token_sq_s: float = Field(
         default=0.0, ge=0, description="times decode_context_tokens**2 / decode_requests (squared context per request)")
@@ -86,7 +92,8 @@ class DecodeCoefficients(_Frozen):
 
     @model_serializer(mode="wrap")
     def _leave_out_zero_terms(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _without_zero(handler(self), ("single_request_s", "per_context_token_sq_s", "batch_change_s"))
+        return _without_zero(handler(self), ("floor_requests", "single_request_s", "per_context_token_sq_s",
+                                             "batch_change_s"))
 
 
 class PrefillCoefficients(_Frozen):
@@ -160,26 +167,33 @@ class PrefillPerRequestStepTime:
 
 
 class DecodeTermsStepTime:
-    """A step-time model plus the optional stateless decode terms of ``DecodeCoefficients`` (``single_request_s``,
-    ``per_context_token_sq_s``); implements ``StepTimeModel``.
+    """A step-time model plus the optional stateless decode terms of ``DecodeCoefficients`` (``floor_requests``,
+    ``single_request_s``, ``per_context_token_sq_s``); implements ``StepTimeModel``.
 
     A wrapper, as ``PrefillPerRequestStepTime``: profiles without the terms get the plain model, untouched. The terms
     are part of the decode-only time, so they also raise the floor of a prefill-carrying step (never faster than its
     decodes alone).
     """
 
-    __slots__ = ("base", "_single_s", "_sq_s", "overhead_s")
+    __slots__ = ("base", "_single_s", "_sq_s", "_floor", "_per_request_s", "overhead_s")
 
     def __init__(self, base: LinearStepTimeModel | PrefillPerRequestStepTime, decode: DecodeCoefficients) -> None:
         self.base = base
         self._single_s = float(decode.single_request_s)
         self._sq_s = float(decode.per_context_token_sq_s)
+        self._floor = int(decode.floor_requests)
+        self._per_request_s = float(decode.per_request_s)
         self.overhead_s = base.overhead_s
+
+    def _fixed_s(self, n: int) -> float:
+        """The terms that depend on the batch alone (the floor's requests not decoding, the single-request term)."""
+        return ((self._single_s if n == 1 else 0.0)
+                + (self._per_request_s * (self._floor - n) if n < self._floor else 0.0))
 
     def _extra_s(self, n: int, context: int) -> float:
         if n == 0:
             return 0.0
-        return (self._single_s if n == 1 else 0.0) + self._sq_s * context * context / n
+        return self._fixed_s(n) + self._sq_s * context * context / n
 
     def step_time_s(self, shape: StepShape) -> float:
         n, ctx = shape.decode_requests, shape.decode_context_tokens
@@ -195,7 +209,7 @@ class DecodeTermsStepTime:
         if n == 0:
             return t
         context = (decode_context_tokens + n * np.arange(num_steps, dtype=np.int64)).astype(np.float64)
-        return t + ((self._single_s if n == 1 else 0.0) + self._sq_s * context * context / n)
+        return t + (self._fixed_s(n) + self._sq_s * context * context / n)
 
 
 def decode_batch_changed(shapes: Sequence[StepShape]) -> np.ndarray:
@@ -215,14 +229,14 @@ def decode_batch_changed(shapes: Sequence[StepShape]) -> np.ndarray:
 def step_time_model_of(coefficients: StepTimeCoefficients
                        ) -> LinearStepTimeModel | PrefillPerRequestStepTime | DecodeTermsStepTime:
     """The step-time model of ``coefficients``: the plain linear model unless an optional term is set (prefill
-    ``per_request_s``; decode ``single_request_s`` / ``per_context_token_sq_s``). ``first_step_s`` and decode
-    ``batch_change_s`` are not part of it: they depend on a run's step sequence, and replays add them
+    ``per_request_s``; decode ``floor_requests`` / ``single_request_s`` / ``per_context_token_sq_s``). ``first_step_s``
+    and decode ``batch_change_s`` are not part of it: they depend on a run's step sequence, and replays add them
     (``twin.replay``); the fleet simulation shares one model between replicas, so it could not."""
     model: LinearStepTimeModel | PrefillPerRequestStepTime = (
         PrefillPerRequestStepTime(coefficients) if coefficients.prefill.per_request_s
         else LinearStepTimeModel.from_coefficients(coefficients))
     d = coefficients.decode
-    if d.single_request_s or d.per_context_token_sq_s:
+    if d.single_request_s or d.per_context_token_sq_s or d.floor_requests > 1:
         return DecodeTermsStepTime(model, d)
     return model
 
