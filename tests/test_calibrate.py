@@ -247,7 +247,8 @@ def test_shipped_cpu_small_llama_profile_is_the_fit_of_its_committed_recordings(
     assert (m.hidden_size, m.intermediate_size, m.num_layers, m.num_attention_heads, m.num_kv_heads, m.head_dim,
             m.vocab_size) == (512, 1408, 6, 8, 4, 64, 32000)
     spec = prof.spec
-    assert "--server-offline-attention" in spec.provenance.command
+    assert spec.provenance.command.endswith("--server-offline-attention --decode-floor")  # the one command's options
+    assert spec.step_time.decode.floor_requests > 1
     assert len(spec.provenance.sources) == 7 and spec.server is not None and len(spec.server.provenance.sources) == 3
     for src in [*spec.provenance.sources, *spec.server.provenance.sources]:  # committed, none of them held out
         assert src.startswith("tests/fixtures/calibration/cpu-small-llama-sweep/calibration/"), src

@@ -31,10 +31,23 @@ def test_the_committed_profile_is_the_fit_of_the_committed_sweep() -> None:
                       options=FitOptions(server_offline_attention=True)).spec
     check_refit(spec, refit)
     assert spec.server.step_time.overhead_s == pytest.approx(refit.server.step_time.overhead_s, rel=1e-9)
-    # the shipped profile is the same fit, from the fixture's paths
+
+
+def test_the_shipped_profile_is_the_fit_with_todays_one_command() -> None:
+    """The shipped cpu-small-llama is this sweep fitted as the one command fits it since 2026-12-06 (with
+    `--decode-floor`; the committed profile above is the command of 2026-12-05), and its table on the twelve held-out
+    runs is the one docs/calibration.md quotes ("A batch floor"): 154 of 160 items, 66 of 72 latency items."""
+    runs = sorted(p for p in (ROOT / "calibration").iterdir() if (p / "run.json").exists())
     shipped = load_profile("cpu-small-llama").spec
-    assert shipped.step_time == spec.step_time and shipped.server.step_time == spec.server.step_time
-    assert shipped.step_time_noise == spec.step_time_noise
+    assert shipped.provenance.command.endswith("--server-offline-attention --decode-floor")
+    refit = calibrate(runs, name="cpu-small-llama", command="test",
+                      options=FitOptions(server_offline_attention=True, decode_floor=True)).spec
+    check_refit(shipped, refit)
+    assert (shipped.step_time.decode.floor_requests, shipped.server.step_time.decode.floor_requests) == (5, 4)
+    report = fidelity(sorted(p for rep in REPEATS for p in (ROOT / rep).iterdir()), profile="cpu-small-llama",
+                      draws=9)
+    assert (report["summary"]["passed"], report["summary"]["items"]) == (154, 160)
+    assert sum(r["items"][k]["pass"] for r in report["runs"] for k in LATENCY) == 66
 
 
 def test_the_committed_fidelity_table_is_what_fidelity_gives() -> None:

@@ -17,7 +17,7 @@ from twin.cli import main
 from twin.engine_profiles import list_profiles, load_profile
 from twin.engine_profiles.derive import write_spec
 from twin.engine_profiles.fit import fit_step_time
-from twin.engine_profiles.profile import PrefillPerRequestStepTime, step_time_model_of
+from twin.engine_profiles.profile import DecodeTermsStepTime, PrefillPerRequestStepTime, step_time_model_of
 from twin.engine_profiles.step import StepShape
 from twin.engine_profiles.step_time import LinearStepTimeModel
 from twin.replay import replay
@@ -118,7 +118,11 @@ def test_the_prefill_per_request_term_is_fitted_and_applied() -> None:
 def test_profiles_without_the_new_terms_write_and_model_as_before(tmp_path: Path) -> None:
     for name in list_profiles():
         prof = load_profile(name)
-        assert type(prof.step_time_model()) is LinearStepTimeModel
+        if name == "cpu-small-llama":  # the one shipped profile with a decode term: its batch floor
+            assert prof.spec.step_time.decode.floor_requests > 1
+            assert type(prof.step_time_model()) is DecodeTermsStepTime
+        else:
+            assert type(prof.step_time_model()) is LinearStepTimeModel
         write_spec(prof.spec, tmp_path / "p.yaml")  # byte for byte the shipped file: no new key appears
         assert (tmp_path / "p.yaml").read_text() == (DATA / f"{name}.yaml").read_text(), name
     spec = load_profile("cpu-tiny-llama").spec
