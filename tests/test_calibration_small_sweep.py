@@ -68,3 +68,31 @@ def test_the_committed_fidelity_table_is_what_fidelity_gives() -> None:
     failed = {(held_out_key(r["run"]), k) for r in report["runs"] for k, i in r["items"].items()
               if i["pass"] is False}
     assert len(failed) == 7 and all("heldout-server-prefix-mix" in run for run, _ in failed)
+
+
+FRESH = ROOT.parent / "cpu-small-llama-freshclone"
+
+
+def test_the_fresh_clone_session_is_the_fit_and_the_table_of_its_recordings() -> None:
+    """The one command from a fresh clone after it took --decode-floor (tests/fixtures/calibration/
+    cpu-small-llama-freshclone, SOURCES.md there): 154 of 160 items, 68 of 72 latency items, twin* 128 of 128; the six
+    failures all on repeat 3 of the offline KV-prefix run."""
+    runs = sorted(p for p in (FRESH / "calibration").iterdir() if (p / "run.json").exists())
+    assert len(runs) == 10
+    committed = load_profile(str(FRESH / "cpu-small-llama.yaml")).spec
+    assert committed.provenance.command.endswith("--server-offline-attention --decode-floor")
+    refit = calibrate(runs, name="cpu-small-llama", command="test",
+                      options=FitOptions(server_offline_attention=True, decode_floor=True)).spec
+    check_refit(committed, refit)
+    assert (committed.step_time.decode.floor_requests, committed.server.step_time.decode.floor_requests) == (6, 5)
+    table = json.loads((FRESH / "fidelity-held-out.json").read_text())
+    assert table["noise_draws"] == 9
+    report = fidelity(sorted(p for rep in REPEATS for p in (FRESH / rep).iterdir()),
+                      profile=str(FRESH / "cpu-small-llama.yaml"), draws=9)
+    check_table(report, table)
+    assert (table["summary"]["passed"], table["summary"]["items"]) == (154, 160)
+    assert table["summary"]["recorded_steps"]["passed"] == 128
+    assert sum(r["items"][k]["pass"] for r in report["runs"] for k in LATENCY) == 68
+    failed = {(held_out_key(r["run"]), k) for r in report["runs"] for k, i in r["items"].items()
+              if i["pass"] is False}
+    assert len(failed) == 6 and {run for run, _ in failed} == {"held-out-repeat3/heldout-offline-kv-prefix"}
