@@ -104,16 +104,6 @@ def test_the_small_models_offline_sweep_has_a_floor() -> None:
     assert floor.step_time.prefill == plain.step_time.prefill
 
 
-def test_the_command_fits_the_floor_on_request(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from twin.cli import main
-
-    out = tmp_path / "floor.yaml"
-    assert main(["calibrate", *map(str, SMALL_OFFLINE), "--decode-floor", "--out", str(out)]) == 0
-    assert "requests counted as at least" in capsys.readouterr().out
-    spec = load_profile(str(out)).spec
-    assert spec.step_time.decode.floor_requests > 1 and spec.provenance.command.endswith("--decode-floor")
-
-
 def test_the_server_sections_context_term_from_the_offline_fit() -> None:
     """`--server-offline-context`: in the server sweep a decode step's context grows with its batch, so the fit
     trades the two terms (cpu-small-llama with the floor: ~17 ns a context token against the offline 409 ns); the

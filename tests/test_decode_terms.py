@@ -1,5 +1,6 @@
 """The optional decode-regime terms of a calibration fit (`twin calibrate --decode-single-request`,
-`--decode-context-sq`, `--decode-batch-change`), and cross-validation over several noise draws (`--seeds`)."""
+`--decode-context-sq`, `--decode-batch-change`; the command line of `--decode-floor` too, whose fit
+tests/test_decode_floor.py checks), and cross-validation over several noise draws (`--seeds`)."""
 
 from __future__ import annotations
 
@@ -145,12 +146,22 @@ def test_cross_validation_over_several_noise_draws() -> None:
         cross_validate(SMALL[:2], seeds=0)
 
 
-def test_the_command_fits_the_terms_on_request(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+# the batch floor is fitted on cpu-small-llama's offline sweep, where its decode steps show one (test_decode_floor)
+SMALL_LLAMA = SWEEP.parents[1] / "cpu-small-llama-sweep" / "calibration"
+SMALL_LLAMA_OFFLINE = sorted(p for p in SMALL_LLAMA.iterdir() if p.is_dir() and "server" not in p.name)
+
+
+@pytest.mark.parametrize(("runs", "flag", "printed", "term"), [
+    (SMALL, "--decode-batch-change", "if the batch shrank", "batch_change_s"),
+    (SMALL_LLAMA_OFFLINE, "--decode-floor", "requests counted as at least", "floor_requests"),
+], ids=["batch-change", "floor"])
+def test_the_command_fits_the_terms_on_request(tmp_path: Path, capsys: pytest.CaptureFixture[str], runs: list[Path],
+                                               flag: str, printed: str, term: str) -> None:
     from twin.cli import main
 
-    out = tmp_path / "bc.yaml"
-    assert main(["calibrate", *map(str, SMALL), "--decode-batch-change", "--out", str(out)]) == 0
-    assert "if the batch shrank" in capsys.readouterr().out
+    out = tmp_path / "p.yaml"
+    assert main(["calibrate", *map(str, runs), flag, "--out", str(out)]) == 0
+    assert printed in capsys.readouterr().out
     spec = load_profile(str(out)).spec
-    assert spec.step_time.decode.batch_change_s > 0 and spec.provenance.command.endswith("--decode-batch-change")
-    assert main(["calibrate", *map(str, SMALL), "--seeds", "2"]) == 2  # --seeds goes with --cross-validate
+    assert getattr(spec.step_time.decode, term) > 0 and spec.provenance.command.endswith(flag)
+    assert main(["calibrate", *map(str, runs), "--seeds", "2"]) == 2  # --seeds goes with --cross-validate
