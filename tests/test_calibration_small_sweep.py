@@ -20,53 +20,69 @@ REPEATS = ("held-out", "held-out-repeat2", "held-out-repeat3", "held-out-repeat4
 LATENCY = ("ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s", "e2e_p50_s", "e2e_p90_s")
 
 
-def test_the_committed_profile_is_the_fit_of_the_committed_sweep() -> None:
-    runs = sorted(p for p in (ROOT / "calibration").iterdir() if (p / "run.json").exists())
+def _sweep(root: Path) -> list[Path]:
+    runs = sorted(p for p in (root / "calibration").iterdir() if (p / "run.json").exists())
     assert len(runs) == 10
+    return runs
+
+
+def _refit_matches(root: Path, committed, options: FitOptions) -> None:  # noqa: ANN001 (a ProfileSpec)
+    """``committed`` is the fit of ``root``'s sweep with ``options``, coefficient for coefficient."""
+    refit = calibrate(_sweep(root), name="cpu-small-llama", command="test", options=options).spec
+    check_refit(committed, refit)
+    assert committed.server.step_time.overhead_s == pytest.approx(refit.server.step_time.overhead_s, rel=1e-9)
+
+
+def _table(root: Path, profile: str) -> dict:
+    """``twin fidelity`` of ``profile`` on ``root``'s twelve held-out runs, nine noise draws a run."""
+    runs = sorted(p for rep in REPEATS for p in (root / rep).iterdir())
+    assert len(runs) == 12
+    return fidelity(runs, profile=profile, draws=9)
+
+
+def _latency_passed(report: dict) -> int:
+    return sum(r["items"][k]["pass"] for r in report["runs"] for k in LATENCY)
+
+
+def _failed(report: dict) -> set[tuple[str, str]]:
+    return {(held_out_key(r["run"]), k) for r in report["runs"] for k, i in r["items"].items() if i["pass"] is False}
+
+
+def test_the_committed_profile_is_the_fit_of_the_committed_sweep() -> None:
     committed = load_profile(str(ROOT / "cpu-small-llama.yaml"))
     assert committed.model.hidden_size == 512 and committed.model.num_layers == 6
     spec = committed.spec
     assert "--server-offline-attention" in spec.provenance.command
-    refit = calibrate(runs, name="cpu-small-llama", command="test",
-                      options=FitOptions(server_offline_attention=True)).spec
-    check_refit(spec, refit)
-    assert spec.server.step_time.overhead_s == pytest.approx(refit.server.step_time.overhead_s, rel=1e-9)
+    _refit_matches(ROOT, spec, FitOptions(server_offline_attention=True))
 
 
 def test_the_shipped_profile_is_the_fit_with_todays_one_command() -> None:
     """The shipped cpu-small-llama is this sweep fitted as the one command fits it since 2026-12-06 (with
     `--decode-floor`; the committed profile above is the command of 2026-12-05), and its table on the twelve held-out
     runs is the one docs/calibration.md quotes ("A batch floor"): 154 of 160 items, 66 of 72 latency items."""
-    runs = sorted(p for p in (ROOT / "calibration").iterdir() if (p / "run.json").exists())
     shipped = load_profile("cpu-small-llama").spec
     assert shipped.provenance.command.endswith("--server-offline-attention --decode-floor")
-    refit = calibrate(runs, name="cpu-small-llama", command="test",
-                      options=FitOptions(server_offline_attention=True, decode_floor=True)).spec
-    check_refit(shipped, refit)
+    _refit_matches(ROOT, shipped, FitOptions(server_offline_attention=True, decode_floor=True))
     assert (shipped.step_time.decode.floor_requests, shipped.server.step_time.decode.floor_requests) == (5, 4)
-    report = fidelity(sorted(p for rep in REPEATS for p in (ROOT / rep).iterdir()), profile="cpu-small-llama",
-                      draws=9)
+    report = _table(ROOT, "cpu-small-llama")
     assert (report["summary"]["passed"], report["summary"]["items"]) == (154, 160)
-    assert sum(r["items"][k]["pass"] for r in report["runs"] for k in LATENCY) == 66
+    assert _latency_passed(report) == 66
 
 
 def test_the_committed_fidelity_table_is_what_fidelity_gives() -> None:
     """153 of 160 items and 67 of 72 TTFT/ITL/E2E p50/p90 items, nine noise draws a run; offline step composition,
     preemptions and prefix hits exact on all four repeats; the seven failures all on the server prefix-mix runs."""
-    runs = sorted(p for rep in REPEATS for p in (ROOT / rep).iterdir())
-    assert len(runs) == 12
     committed = json.loads((ROOT / "fidelity-held-out.json").read_text())
     assert committed["noise_draws"] == 9
-    report = fidelity(runs, profile=str(ROOT / "cpu-small-llama.yaml"), draws=9)
+    report = _table(ROOT, str(ROOT / "cpu-small-llama.yaml"))
     check_table(report, committed)
     assert committed["summary"]["passed"] == 153 and committed["summary"]["items"] == 160
-    assert sum(r["items"][k]["pass"] for r in report["runs"] for k in LATENCY) == 67
+    assert _latency_passed(report) == 67
     for r in report["runs"]:
         if "offline" in r["run"]:
             for k in ("steps", "composition", "preemptions", "prefix_cache_hits"):
                 assert r["items"][k]["pass"] is True, (r["run"], k)
-    failed = {(held_out_key(r["run"]), k) for r in report["runs"] for k, i in r["items"].items()
-              if i["pass"] is False}
+    failed = _failed(report)
     assert len(failed) == 7 and all("heldout-server-prefix-mix" in run for run, _ in failed)
 
 
@@ -77,22 +93,16 @@ def test_the_fresh_clone_session_is_the_fit_and_the_table_of_its_recordings() ->
     """The one command from a fresh clone after it took --decode-floor (tests/fixtures/calibration/
     cpu-small-llama-freshclone, SOURCES.md there): 154 of 160 items, 68 of 72 latency items, twin* 128 of 128; the six
     failures all on repeat 3 of the offline KV-prefix run."""
-    runs = sorted(p for p in (FRESH / "calibration").iterdir() if (p / "run.json").exists())
-    assert len(runs) == 10
     committed = load_profile(str(FRESH / "cpu-small-llama.yaml")).spec
     assert committed.provenance.command.endswith("--server-offline-attention --decode-floor")
-    refit = calibrate(runs, name="cpu-small-llama", command="test",
-                      options=FitOptions(server_offline_attention=True, decode_floor=True)).spec
-    check_refit(committed, refit)
+    _refit_matches(FRESH, committed, FitOptions(server_offline_attention=True, decode_floor=True))
     assert (committed.step_time.decode.floor_requests, committed.server.step_time.decode.floor_requests) == (6, 5)
     table = json.loads((FRESH / "fidelity-held-out.json").read_text())
     assert table["noise_draws"] == 9
-    report = fidelity(sorted(p for rep in REPEATS for p in (FRESH / rep).iterdir()),
-                      profile=str(FRESH / "cpu-small-llama.yaml"), draws=9)
+    report = _table(FRESH, str(FRESH / "cpu-small-llama.yaml"))
     check_table(report, table)
     assert (table["summary"]["passed"], table["summary"]["items"]) == (154, 160)
     assert table["summary"]["recorded_steps"]["passed"] == 128
-    assert sum(r["items"][k]["pass"] for r in report["runs"] for k in LATENCY) == 68
-    failed = {(held_out_key(r["run"]), k) for r in report["runs"] for k, i in r["items"].items()
-              if i["pass"] is False}
+    assert _latency_passed(report) == 68
+    failed = _failed(report)
     assert len(failed) == 6 and {run for run, _ in failed} == {"held-out-repeat3/heldout-offline-kv-prefix"}

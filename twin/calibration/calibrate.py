@@ -377,7 +377,7 @@ def _scaled_offline(offline: StepTimeCoefficients, shapes: Sequence[StepShape], 
     speed during the run and the front end (fitted apart), and one factor from ~2,000 steps is better conditioned
     than five terms from two runs. Returns the coefficients (overhead = ``overhead_s``, no first-step term), the steps
     used and the factor."""
-    scale, keep = _speed_against(offline, shapes, elapsed, exclude=exclude, prefill_only=False,
+    scale, keep = _speed_against(offline, shapes, elapsed, exclude=exclude, regime=None,
                                  what="cannot scale the offline regimes")
 
     def times(c):  # every term of a regime is a time: scale them all
@@ -394,7 +394,7 @@ def _offline_attention(offline: StepTimeCoefficients, shapes: Sequence[StepShape
     fit's times the server runs' speed on their prefill steps (``_speed_against``). The offline sweep has a
     shared-prefix run, which separates attention work from tokens; the server sweep's prompts share nothing.
     Returns ``(per_attention_pair_s, speed, steps)``."""
-    speed, keep = _speed_against(offline, shapes, elapsed, exclude=exclude, prefill_only=True,
+    speed, keep = _speed_against(offline, shapes, elapsed, exclude=exclude, regime="prefill",
                                  what="server_offline_attention")
     return offline.prefill.per_attention_pair_s * speed, speed, int(keep.sum())
 
@@ -404,25 +404,24 @@ def _offline_context(offline: StepTimeCoefficients, shapes: Sequence[StepShape],
     """The server section's fixed decode ``per_context_token_s`` (``FitOptions.server_offline_context``): the offline
     fit's times the server runs' speed on their decode steps (``_speed_against``). Returns ``(per_context_token_s,
     speed, steps)``."""
-    speed, keep = _speed_against(offline, shapes, elapsed, exclude=exclude, prefill_only=False, decode_only=True,
+    speed, keep = _speed_against(offline, shapes, elapsed, exclude=exclude, regime="decode",
                                  what="server_offline_context")
     return offline.decode.per_context_token_s * speed, speed, int(keep.sum())
 
 
 def _speed_against(offline: StepTimeCoefficients, shapes: Sequence[StepShape], elapsed: np.ndarray, *,
-                   exclude: np.ndarray | None, prefill_only: bool, what: str, decode_only: bool = False
-                   ) -> tuple[float, np.ndarray]:
+                   exclude: np.ndarray | None, regime: str | None, what: str) -> tuple[float, np.ndarray]:
     """The server runs' speed against the offline model: the median of measured over offline-predicted model time
-    on the steps with both positive (prefill-carrying ones only with ``prefill_only``, decode-only ones only with
-    ``decode_only``; ``exclude``d ones left out), and the mask of those steps."""
+    on the steps with both positive (of ``regime``, ``"prefill"``-carrying or ``"decode"``-only ones, when given;
+    ``exclude``d ones left out), and the mask of those steps."""
     pred = predict_model_s(offline, shapes)
     keep = (elapsed > 0) & (pred > 0)
-    if prefill_only or decode_only:
-        keep &= np.array([(s.prefill_requests > 0) == prefill_only for s in shapes], dtype=bool)
+    if regime is not None:
+        keep &= np.array([(s.prefill_requests > 0) == (regime == "prefill") for s in shapes], dtype=bool)
     if exclude is not None:
         keep &= ~exclude
     if not keep.any():
-        raise CalibrationError(f"{what}: no server {'prefill ' if prefill_only else ''}step with a positive duration")
+        raise CalibrationError(f"{what}: no server {regime + ' ' if regime else ''}step with a positive duration")
     return float(np.median(elapsed[keep] / pred[keep])), keep
 
 

@@ -87,20 +87,18 @@ def _fit_floor(features: np.ndarray, y: np.ndarray, *, fixed: tuple[int, float] 
                ) -> tuple[np.ndarray, RegimeFitQuality, int]:
     """The decode regime fitted with each batch floor k (column 1 = ``max(decode_requests, k)``): the coefficients,
     their quality, and the k with the least squared relative error (0 when that is 1). ``fixed``: ``_fit_regime``'s."""
-    batch = features[:, 1].copy()
-    best: tuple[float, np.ndarray, int] | None = None
+    batch = features[:, 1]
+    best: tuple[float, np.ndarray, RegimeFitQuality, int] | None = None
     for k in range(1, int(min(batch.max(), MAX_FLOOR_REQUESTS)) + 1):
         f = features.copy()
         f[:, 1] = np.maximum(batch, k)
-        x, _ = _fit_regime(f, y, "decode-only steps", fixed=fixed)
+        x, quality = _fit_regime(f, y, "decode-only steps", fixed=fixed)
         err = float(np.sum(((f @ x - y) / y) ** 2))
         if best is None or err < best[0]:
-            best = (err, x, k)
+            best = (err, x, quality, k)
     assert best is not None
-    _, x, k = best
-    f = features.copy()
-    f[:, 1] = np.maximum(batch, k)
-    return x, regime_quality(f @ x, y), (k if k > 1 else 0)
+    _, x, quality, k = best
+    return x, quality, (k if k > 1 else 0)
 
 
 def fit_step_time(
