@@ -233,11 +233,14 @@ def run_server(job: dict) -> None:
         workload["speed_probe"] = {"before": probe_before, "after": probe_after}
     kv = common.KV_SIZE_RE.search(full_log)
     if kv:
-        # The start-up line "KV cache size: N tokens" counts every block, the null block included.
+        # The start-up line "KV cache size: N tokens" counts every block, the null block included, as requests of
+        # max_model_len tokens (common.logged_kv_tokens).
         logged = int(kv.group(1).replace(",", ""))
         workload["kv_cache_size_tokens_logged"] = logged
-        if logged != num_gpu_blocks * block_size:
-            raise RuntimeError(f"start-up log says {logged} KV tokens, not {num_gpu_blocks} x {block_size}")
+        expected = common.logged_kv_tokens(num_gpu_blocks, block_size, engine["max_model_len"])
+        if logged != expected:
+            raise RuntimeError(f"start-up log says {logged} KV tokens, not the {expected} of {num_gpu_blocks} blocks "
+                               f"x {block_size} at max_model_len {engine['max_model_len']}")
     run.update(
         {
             "block_size": block_size,
