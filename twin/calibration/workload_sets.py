@@ -108,9 +108,10 @@ FIXTURES: dict[str, WorkloadSpec] = {
 }
 
 # ---------------------------------------------------------------------------------------------------
-# Calibration sweep: one axis at a time, offline (exact step composition) on cpu-tiny-llama, plus three server
-# runs at three arrival rates for the server front end (the third, 24 req/s, since 2026-12-04: docs/calibration.md,
-# "A busier server run in the sweep").
+# Calibration sweep: one axis at a time, offline (exact step composition) on cpu-tiny-llama, plus four server
+# runs for the server front end and the server step time: three arrival rates (the third, 24 req/s, since 2026-12-04:
+# docs/calibration.md, "A busier server run in the sweep") and a held batch with contexts apart from it (since
+# 2026-12-06: "Decode context apart from batch in the server sweep").
 CALIBRATION_SWEEP: dict[str, WorkloadSpec] = {
     w.name: w
     for w in [
@@ -212,6 +213,21 @@ CALIBRATION_SWEEP: dict[str, WorkloadSpec] = {
             output_tokens=LengthDist(min_tokens=16, max_tokens=96),
             arrivals=Arrivals(kind="poisson", rate_per_s=24.0),
             engine=EngineSpec(max_model_len=1024),
+        ),
+        # The three runs above tie the decode context to the batch (the context per request is about the same at
+        # every rate: correlation 0.996 over their decode steps), so they cannot tell the two terms apart. Here the
+        # batch is held at 8 by max_num_seqs while whole prompts of 16..1800 tokens come and go through it.
+        _w(
+            "sweep-server-context",
+            description="server, decode context apart from batch size: 8 streams at a time (max_num_seqs 8), "
+                        "prompts 16..1800, all sent within ~1 s",
+            mode="server",
+            seed=112,
+            num_requests=32,
+            prompt_tokens=LengthDist(min_tokens=16, max_tokens=1800),
+            output_tokens=LengthDist(min_tokens=96, max_tokens=192),
+            arrivals=Arrivals(kind="poisson", rate_per_s=40.0),
+            engine=EngineSpec(max_num_seqs=8, max_model_len=2112),
         ),
     ]
 }
