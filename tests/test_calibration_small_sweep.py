@@ -22,13 +22,16 @@ LATENCY = ("ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s", "e2e_p50_s", "e
 
 def _sweep(root: Path) -> list[Path]:
     runs = sorted(p for p in (root / "calibration").iterdir() if (p / "run.json").exists())
-    assert len(runs) == 10
+    # the sweep has had a fourth server run (sweep-server-context) since 2026-12-06
+    assert len(runs) == (11 if (root / "calibration" / "sweep-server-context").is_dir() else 10)
     return runs
 
 
-def _refit_matches(root: Path, committed, options: FitOptions) -> None:  # noqa: ANN001 (a ProfileSpec)
-    """``committed`` is the fit of ``root``'s sweep with ``options``, coefficient for coefficient."""
-    refit = calibrate(_sweep(root), name="cpu-small-llama", command="test", options=options).spec
+def _refit_matches(roots: Path | list[Path], committed, options: FitOptions) -> None:  # noqa: ANN001 (a ProfileSpec)
+    """``committed`` is the fit of the sweep of ``roots`` (one session, or several pooled) with ``options``,
+    coefficient for coefficient."""
+    runs = [r for root in (roots if isinstance(roots, list) else [roots]) for r in _sweep(root)]
+    refit = calibrate(runs, name="cpu-small-llama", command="test", options=options).spec
     check_refit(committed, refit)
     assert committed.server.step_time.overhead_s == pytest.approx(refit.server.step_time.overhead_s, rel=1e-9)
 
@@ -56,6 +59,10 @@ def test_the_committed_profile_is_the_fit_of_the_committed_sweep() -> None:
     _refit_matches(ROOT, spec, FitOptions(server_offline_attention=True))
 
 
+CONTEXT = ROOT.parent / "cpu-small-llama-context"
+CONTEXT2 = ROOT.parent / "cpu-small-llama-context2"
+
+
 def test_the_shipped_profile_is_the_fit_with_todays_one_command() -> None:
     """The shipped cpu-small-llama is this sweep fitted as the one command fits it since 2026-12-06 (with
     `--decode-floor`; the committed profile above is the command of 2026-12-05), and its table on the twelve held-out
@@ -70,8 +77,9 @@ def test_the_shipped_profile_is_the_fit_with_todays_one_command() -> None:
 
 
 def test_the_committed_fidelity_table_is_what_fidelity_gives() -> None:
-    """153 of 160 items and 67 of 72 TTFT/ITL/E2E p50/p90 items, nine noise draws a run; offline step composition,
-    preemptions and prefix hits exact on all four repeats; the seven failures all on the server prefix-mix runs."""
+    """The first session's table (the command of 2026-12-05, before the floor and the context run): 153 of 160 items
+    and 67 of 72 TTFT/ITL/E2E p50/p90 items, nine noise draws a run; offline step composition, preemptions and prefix
+    hits exact on all four repeats; the seven failures all on the server prefix-mix runs."""
     committed = json.loads((ROOT / "fidelity-held-out.json").read_text())
     assert committed["noise_draws"] == 9
     report = _table(ROOT, str(ROOT / "cpu-small-llama.yaml"))
@@ -106,3 +114,28 @@ def test_the_fresh_clone_session_is_the_fit_and_the_table_of_its_recordings() ->
     assert _latency_passed(report) == 68
     failed = _failed(report)
     assert len(failed) == 6 and {run for run, _ in failed} == {"held-out-repeat3/heldout-offline-kv-prefix"}
+
+
+@pytest.mark.parametrize(("root", "passed", "latency", "floors"),
+                         [(CONTEXT, 140, 59, (5, 6)), (CONTEXT2, 160, 72, (6, 6))], ids=["context", "context2"])
+def test_the_context_sessions_are_the_fit_and_the_table_of_their_recordings(
+        root: Path, passed: int, latency: int, floors: tuple[int, int]) -> None:
+    """The one command with sweep-server-context in the sweep, twice back to back (tests/fixtures/calibration/
+    cpu-small-llama-context*, SOURCES.md there): each session's profile and table are what calibrate and fidelity give
+    on its recordings; offline step composition, preemptions and prefix hits exact on all four repeats."""
+    committed = load_profile(str(root / "cpu-small-llama.yaml")).spec
+    assert committed.provenance.command.endswith("--server-offline-attention --decode-floor")
+    assert len(committed.server.provenance.sources) == 4
+    _refit_matches(root, committed, FitOptions(server_offline_attention=True, decode_floor=True))
+    assert (committed.step_time.decode.floor_requests, committed.server.step_time.decode.floor_requests) == floors
+    table = json.loads((root / "fidelity-held-out.json").read_text())
+    assert table["noise_draws"] == 9
+    report = _table(root, str(root / "cpu-small-llama.yaml"))
+    check_table(report, table)
+    assert (table["summary"]["passed"], table["summary"]["items"]) == (passed, 160)
+    assert table["summary"]["recorded_steps"]["passed"] == 128
+    assert _latency_passed(report) == latency
+    for r in report["runs"]:
+        if "offline" in r["run"]:
+            for k in ("steps", "composition", "preemptions", "prefix_cache_hits"):
+                assert r["items"][k]["pass"] is True, (r["run"], k)
