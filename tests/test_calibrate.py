@@ -240,8 +240,9 @@ def test_record_calibrate_and_fidelity_end_to_end(tmp_path: Path) -> None:
 
 
 def test_shipped_cpu_small_llama_profile_is_the_fit_of_its_committed_recordings() -> None:
-    """The one command's sweep for cpu-small-llama (tests/fixtures/calibration/cpu-small-llama-sweep, 2026-12-05),
-    fitted as the command fits it; tests/test_calibration_small_sweep.py refits it and pins the shipped sections."""
+    """The one command's sweeps of two cpu-small-llama sessions (tests/fixtures/calibration/cpu-small-llama-context*,
+    2026-12-06), fitted together as the command fits one; tests/test_calibration_small_sweep.py refits them and pins
+    the shipped sections."""
     prof = load_profile("cpu-small-llama")
     m = prof.model
     assert (m.hidden_size, m.intermediate_size, m.num_layers, m.num_attention_heads, m.num_kv_heads, m.head_dim,
@@ -249,8 +250,9 @@ def test_shipped_cpu_small_llama_profile_is_the_fit_of_its_committed_recordings(
     spec = prof.spec
     assert spec.provenance.command.endswith("--server-offline-attention --decode-floor")  # the one command's options
     assert spec.step_time.decode.floor_requests > 1
-    assert len(spec.provenance.sources) == 7 and spec.server is not None and len(spec.server.provenance.sources) == 3
+    assert len(spec.provenance.sources) == 14 and spec.server is not None and len(spec.server.provenance.sources) == 8
     for src in [*spec.provenance.sources, *spec.server.provenance.sources]:  # committed, none of them held out
-        assert src.startswith("tests/fixtures/calibration/cpu-small-llama-sweep/calibration/"), src
+        assert src.startswith(("tests/fixtures/calibration/cpu-small-llama-context/calibration/",
+                               "tests/fixtures/calibration/cpu-small-llama-context2/calibration/")), src
         assert (REPO_ROOT / src / "run.json").is_file(), src
     assert spec.step_time_noise is not None and spec.server.step_time_noise is not None
