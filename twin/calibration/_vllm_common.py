@@ -26,6 +26,7 @@ ITERATION_RE = re.compile(
 )
 OVERRIDE_RE = re.compile(r"Overriding num_gpu_blocks=(\d+) with num_gpu_blocks_override=(\d+)")
 KV_SIZE_RE = re.compile(r"KV cache size: ([0-9,]+) tokens")
+ITER_COLUMNS = ["step", "ctx_requests", "ctx_tokens", "gen_requests", "gen_tokens", "elapsed_ms", "kv_usage_pct"]
 
 
 def logged_kv_tokens(num_gpu_blocks: int, block_size: int, max_model_len: int) -> int:
@@ -36,7 +37,6 @@ def logged_kv_tokens(num_gpu_blocks: int, block_size: int, max_model_len: int) -
     request log 42,364 tokens, not 43,648."""
     blocks_per_request = -(-max_model_len // block_size)
     return int(num_gpu_blocks / blocks_per_request * max_model_len)
-ITER_COLUMNS = ["step", "ctx_requests", "ctx_tokens", "gen_requests", "gen_tokens", "elapsed_ms", "kv_usage_pct"]
 
 
 # ------------------------------------------------------------------------------------------ helpers
