@@ -61,6 +61,7 @@ def test_the_committed_profile_is_the_fit_of_the_committed_sweep() -> None:
 
 CONTEXT = ROOT.parent / "cpu-small-llama-context"
 CONTEXT2 = ROOT.parent / "cpu-small-llama-context2"
+FRESH_CONTEXT = ROOT.parent / "cpu-small-llama-freshclone-context"  # recorded after the choice, from a fresh clone
 
 
 def test_the_shipped_profile_is_the_pooled_fit_of_the_two_context_sessions() -> None:
@@ -118,12 +119,14 @@ def test_the_fresh_clone_session_is_the_fit_and_the_table_of_its_recordings() ->
 
 
 @pytest.mark.parametrize(("root", "passed", "latency", "floors"),
-                         [(CONTEXT, 140, 59, (5, 6)), (CONTEXT2, 160, 72, (6, 6))], ids=["context", "context2"])
+                         [(CONTEXT, 140, 59, (5, 6)), (CONTEXT2, 160, 72, (6, 6)), (FRESH_CONTEXT, 153, 67, (5, 6))],
+                         ids=["context", "context2", "freshclone-context"])
 def test_the_context_sessions_are_the_fit_and_the_table_of_their_recordings(
         root: Path, passed: int, latency: int, floors: tuple[int, int]) -> None:
-    """The one command with sweep-server-context in the sweep, twice back to back (tests/fixtures/calibration/
-    cpu-small-llama-context*, SOURCES.md there): each session's profile and table are what calibrate and fidelity give
-    on its recordings; offline step composition, preemptions and prefix hits exact on all four repeats."""
+    """The one command with sweep-server-context in the sweep, twice back to back and once more from a fresh clone
+    after the choice (tests/fixtures/calibration/cpu-small-llama-context*, -freshclone-context, SOURCES.md there):
+    each session's profile and table are what calibrate and fidelity give on its recordings; offline step
+    composition, preemptions and prefix hits exact on all four repeats."""
     committed = load_profile(str(root / "cpu-small-llama.yaml")).spec
     assert committed.provenance.command.endswith("--server-offline-attention --decode-floor")
     assert len(committed.server.provenance.sources) == 4
