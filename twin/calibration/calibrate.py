@@ -388,25 +388,24 @@ def _scaled_offline(offline: StepTimeCoefficients, shapes: Sequence[StepShape], 
     return coefficients, keep, scale
 
 
-def _offline_attention(offline: StepTimeCoefficients, shapes: Sequence[StepShape], elapsed: np.ndarray, *,
-                       exclude: np.ndarray | None) -> tuple[float, float, int]:
-    """The server section's fixed ``per_attention_pair_s`` (``FitOptions.server_offline_attention``): the offline
-    fit's times the server runs' speed on their prefill steps (``_speed_against``). The offline sweep has a
-    shared-prefix run, which separates attention work from tokens; the server sweep's prompts share nothing.
-    Returns ``(per_attention_pair_s, speed, steps)``."""
-    speed, keep = _speed_against(offline, shapes, elapsed, exclude=exclude, regime="prefill",
-                                 what="server_offline_attention")
-    return offline.prefill.per_attention_pair_s * speed, speed, int(keep.sum())
+# The server terms ``fit_server`` can take from the offline fit: per regime, the coefficient, its name in the notes
+# and the option that asks for it.
+_OFFLINE_TERMS = {"prefill": ("per_attention_pair_s", "per_attention_pair_s", "server_offline_attention"),
+                  "decode": ("per_context_token_s", "decode per_context_token_s", "server_offline_context")}
 
 
-def _offline_context(offline: StepTimeCoefficients, shapes: Sequence[StepShape], elapsed: np.ndarray, *,
-                     exclude: np.ndarray | None) -> tuple[float, float, int]:
-    """The server section's fixed decode ``per_context_token_s`` (``FitOptions.server_offline_context``): the offline
-    fit's times the server runs' speed on their decode steps (``_speed_against``). Returns ``(per_context_token_s,
-    speed, steps)``."""
-    speed, keep = _speed_against(offline, shapes, elapsed, exclude=exclude, regime="decode",
-                                 what="server_offline_context")
-    return offline.decode.per_context_token_s * speed, speed, int(keep.sum())
+def _offline_term(offline: StepTimeCoefficients, shapes: Sequence[StepShape], elapsed: np.ndarray, *,
+                  exclude: np.ndarray | None, regime: str) -> tuple[float, str]:
+    """A server section's fixed term taken from the offline fit (``FitOptions.server_offline_attention``: the prefill
+    ``per_attention_pair_s``; ``server_offline_context``: the decode ``per_context_token_s``): the offline fit's times
+    the server runs' speed on their steps of that regime (``_speed_against``). The offline sweep has a shared-prefix
+    run, which separates attention work from tokens, and the server sweep's prompts share nothing; in the server
+    sweep's rate runs a decode step's context follows its batch. Returns the term and the note that says so."""
+    attr, label, option = _OFFLINE_TERMS[regime]
+    speed, keep = _speed_against(offline, shapes, elapsed, exclude=exclude, regime=regime, what=option)
+    note = (f"; {label} the offline fit's times {speed:.4f}, the median of measured / offline-predicted model time "
+            f"over {int(keep.sum())} {regime} steps ({option})")
+    return getattr(getattr(offline, regime), attr) * speed, note
 
 
 def _speed_against(offline: StepTimeCoefficients, shapes: Sequence[StepShape], elapsed: np.ndarray, *,
@@ -488,30 +487,23 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
         regime_note = (f"Step regimes: the offline fit's terms times {scale:.4f}, the median of measured / offline-"
                        f"predicted model time over {int(keep.sum())} of {keep.size} steps (server_scaled_offline)")
     else:
-        fixed_pair_s, attention_note = None, ""
-        if options.server_offline_attention:
-            if offline is None:
-                raise CalibrationError("server_offline_attention needs the offline fit's coefficients")
-            fixed_pair_s, speed, n = _offline_attention(offline, shapes, elapsed, exclude=firsts)
-            attention_note = (f"; per_attention_pair_s the offline fit's times {speed:.4f}, the median of measured / "
-                              f"offline-predicted model time over {n} prefill steps (server_offline_attention)")
-        fixed_ctx_s = None
-        if options.server_offline_context:
-            if offline is None:
-                raise CalibrationError("server_offline_context needs the offline fit's coefficients")
-            fixed_ctx_s, speed, n = _offline_context(offline, shapes, elapsed, exclude=firsts)
-            attention_note += (f"; decode per_context_token_s the offline fit's times {speed:.4f}, the median of "
-                               f"measured / offline-predicted model time over {n} decode steps "
-                               f"(server_offline_context)")
+        from_offline: dict[str, float] = {}
+        offline_note = ""
+        for regime, on in (("prefill", options.server_offline_attention), ("decode", options.server_offline_context)):
+            if on:
+                if offline is None:
+                    raise CalibrationError(f"{_OFFLINE_TERMS[regime][2]} needs the offline fit's coefficients")
+                from_offline[regime], note = _offline_term(offline, shapes, elapsed, exclude=firsts, regime=regime)
+                offline_note += note
         try:
             fit, keep = robust_fit(shapes, elapsed, overhead_s=float(base_s), exclude=firsts, options=options,
-                                   runs=_run_index(lengths), fixed_attention_pair_s=fixed_pair_s,
-                                   fixed_decode_context_s=fixed_ctx_s)
+                                   runs=_run_index(lengths), fixed_attention_pair_s=from_offline.get("prefill"),
+                                   fixed_decode_context_s=from_offline.get("decode"))
         except ValueError as exc:
             raise CalibrationError(f"cannot fit the server step-time regimes: {exc}") from exc
         coefficients = fit.coefficients
         regime_note = (f"Step regimes: relative-error NNLS without {int((~keep).sum())} of {keep.size} outlier steps"
-                       + attention_note)
+                       + offline_note)
     first_note = ""
     if options.first_step:  # the first request sent: its first token, from its send plus the arrival time
         excess = []
