@@ -3,7 +3,26 @@ is the refit of its sweep, and its fidelity table is what `twin fidelity` gives 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+
+from twin.calibration.fidelity import fidelity
+
+REPEATS = ("held-out", "held-out-repeat2", "held-out-repeat3", "held-out-repeat4")
+
+
+def sweep_runs(root: Path) -> list[Path]:
+    """The recorded runs of a session's sweep (``root/calibration``), in name order."""
+    return sorted(p for p in (root / "calibration").iterdir() if (p / "run.json").exists())
+
+
+def held_out_table(root: Path, profile: str) -> dict:
+    """``twin fidelity`` of ``profile`` on a four-repeat session's twelve held-out runs, nine noise draws a run (the
+    one command's table)."""
+    runs = sorted(p for rep in REPEATS for p in (root / rep).iterdir())
+    assert len(runs) == 12
+    return fidelity(runs, profile=profile, draws=9)
 
 
 def check_refit(committed, refit) -> None:  # noqa: ANN001 (two ProfileSpecs)

@@ -10,18 +10,16 @@ from pathlib import Path
 import pytest
 
 from twin.calibration.calibrate import FitOptions, calibrate
-from twin.calibration.fidelity import fidelity
 from twin.engine_profiles import load_profile
 
-from calibkit import check_refit, check_table, held_out_key
+from calibkit import check_refit, check_table, held_out_key, held_out_table, sweep_runs
 
 ROOT = Path(__file__).resolve().parent / "fixtures" / "calibration" / "cpu-small-llama-sweep"
-REPEATS = ("held-out", "held-out-repeat2", "held-out-repeat3", "held-out-repeat4")
 LATENCY = ("ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s", "e2e_p50_s", "e2e_p90_s")
 
 
 def _sweep(root: Path) -> list[Path]:
-    runs = sorted(p for p in (root / "calibration").iterdir() if (p / "run.json").exists())
+    runs = sweep_runs(root)
     # the sweep has had a fourth server run (sweep-server-context) since 2026-12-06
     assert len(runs) == (11 if (root / "calibration" / "sweep-server-context").is_dir() else 10)
     return runs
@@ -34,13 +32,6 @@ def _refit_matches(roots: Path | list[Path], committed, options: FitOptions) -> 
     refit = calibrate(runs, name="cpu-small-llama", command="test", options=options).spec
     check_refit(committed, refit)
     assert committed.server.step_time.overhead_s == pytest.approx(refit.server.step_time.overhead_s, rel=1e-9)
-
-
-def _table(root: Path, profile: str) -> dict:
-    """``twin fidelity`` of ``profile`` on ``root``'s twelve held-out runs, nine noise draws a run."""
-    runs = sorted(p for rep in REPEATS for p in (root / rep).iterdir())
-    assert len(runs) == 12
-    return fidelity(runs, profile=profile, draws=9)
 
 
 def _latency_passed(report: dict) -> int:
@@ -73,7 +64,7 @@ def test_the_shipped_profile_is_the_pooled_fit_of_the_two_context_sessions() -> 
     assert shipped.provenance.command.endswith("--server-offline-attention --decode-floor")
     _refit_matches([CONTEXT, CONTEXT2], shipped, FitOptions(server_offline_attention=True, decode_floor=True))
     assert (shipped.step_time.decode.floor_requests, shipped.server.step_time.decode.floor_requests) == (6, 6)
-    report = _table(CONTEXT, "cpu-small-llama")
+    report = held_out_table(CONTEXT, "cpu-small-llama")
     assert (report["summary"]["passed"], report["summary"]["items"]) == (152, 160)
     assert _latency_passed(report) == 65
 
@@ -84,7 +75,7 @@ def test_the_committed_fidelity_table_is_what_fidelity_gives() -> None:
     hits exact on all four repeats; the seven failures all on the server prefix-mix runs."""
     committed = json.loads((ROOT / "fidelity-held-out.json").read_text())
     assert committed["noise_draws"] == 9
-    report = _table(ROOT, str(ROOT / "cpu-small-llama.yaml"))
+    report = held_out_table(ROOT, str(ROOT / "cpu-small-llama.yaml"))
     check_table(report, committed)
     assert committed["summary"]["passed"] == 153 and committed["summary"]["items"] == 160
     assert _latency_passed(report) == 67
@@ -109,7 +100,7 @@ def test_the_fresh_clone_session_is_the_fit_and_the_table_of_its_recordings() ->
     assert (committed.step_time.decode.floor_requests, committed.server.step_time.decode.floor_requests) == (6, 5)
     table = json.loads((FRESH / "fidelity-held-out.json").read_text())
     assert table["noise_draws"] == 9
-    report = _table(FRESH, str(FRESH / "cpu-small-llama.yaml"))
+    report = held_out_table(FRESH, str(FRESH / "cpu-small-llama.yaml"))
     check_table(report, table)
     assert (table["summary"]["passed"], table["summary"]["items"]) == (154, 160)
     assert table["summary"]["recorded_steps"]["passed"] == 128
@@ -134,7 +125,7 @@ def test_the_context_sessions_are_the_fit_and_the_table_of_their_recordings(
     assert (committed.step_time.decode.floor_requests, committed.server.step_time.decode.floor_requests) == floors
     table = json.loads((root / "fidelity-held-out.json").read_text())
     assert table["noise_draws"] == 9
-    report = _table(root, str(root / "cpu-small-llama.yaml"))
+    report = held_out_table(root, str(root / "cpu-small-llama.yaml"))
     check_table(report, table)
     assert (table["summary"]["passed"], table["summary"]["items"]) == (passed, 160)
     assert table["summary"]["recorded_steps"]["passed"] == 128

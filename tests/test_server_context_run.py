@@ -23,7 +23,7 @@ from twin.calibration.workload_sets import CALIBRATION_SWEEP
 from twin.engine_profiles import load_profile
 from twin.engine_profiles.derive import write_spec
 
-from calibkit import check_refit, check_table
+from calibkit import check_refit, check_table, held_out_table, sweep_runs
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "calibration"
 SESSIONS = [FIXTURES / "cpu-small-llama-context", FIXTURES / "cpu-small-llama-context2"]
@@ -59,7 +59,7 @@ def test_the_workload_holds_the_batch_while_the_context_moves() -> None:
 
 
 def _fits(session: Path) -> tuple:
-    runs = sorted(p for p in (session / "calibration").iterdir() if (p / "run.json").exists())
+    runs = sweep_runs(session)
     without = [r for r in runs if r.name != "sweep-server-context"]
     return (calibrate(without, name="without", command="test", options=OPTIONS).spec,
             calibrate(runs, name="with", command="test", options=OPTIONS).spec)
@@ -93,15 +93,14 @@ def test_the_tiny_models_session_with_the_run() -> None:
     """cpu-tiny-llama's session of the one command with the eleven-run sweep (SOURCES.md there): its profile and table
     are what calibrate and fidelity give on its recordings (143 of 160 items, twin* 122 of 128); on this model the
     server context term stays small with the run too (232 ns a token; 125 without it)."""
-    runs = sorted(p for p in (TINY / "calibration").iterdir() if (p / "run.json").exists())
+    runs = sweep_runs(TINY)
     assert len(runs) == 11
     committed = load_profile(str(TINY / "cpu-tiny-llama.yaml")).spec
     assert committed.provenance.command.endswith("--server-offline-attention --decode-floor")
     check_refit(committed, calibrate(runs, name="cpu-tiny-llama", command="test", options=OPTIONS).spec)
     assert committed.server.step_time.decode.per_context_token_s == pytest.approx(232e-9, rel=0.01)
     table = json.loads((TINY / "fidelity-held-out.json").read_text())
-    report = fidelity(sorted(p for rep in sorted(TINY.glob("held-out*")) for p in rep.iterdir()),
-                      profile=str(TINY / "cpu-tiny-llama.yaml"), draws=9)
+    report = held_out_table(TINY, str(TINY / "cpu-tiny-llama.yaml"))
     check_table(report, table)
     assert (table["summary"]["passed"], table["summary"]["items"]) == (143, 160)
     assert table["summary"]["recorded_steps"]["passed"] == 122
