@@ -42,7 +42,7 @@ def measure(fn: Callable[[], Any]) -> tuple[Any, float]:
     global _last_cpu_s
     from twin.runner import release_finished_worlds
 
-    release_finished_worlds()
+    release_finished_worlds(collect=True)
     c0 = time.process_time()
     t0 = time.perf_counter()
     out = fn()

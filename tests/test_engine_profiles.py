@@ -56,6 +56,20 @@ def test_load_by_path(tmp_path) -> None:
     assert load_profile(str(path)).spec == src.spec
 
 
+def test_a_profile_file_is_parsed_once_per_version(tmp_path) -> None:
+    """A fidelity table loads its profile a few times per replay: the same file gives the same (frozen) profile
+    without parsing it again, and an edited file is read afresh."""
+    src = load_profile("llama3-8b-bf16-tp1-h100")
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(src.spec.model_dump(mode="json")))
+    first = load_profile(str(path))
+    assert load_profile(str(path)) is first
+    edited = src.spec.model_dump(mode="json") | {"name": "mine-edited"}
+    path.write_text(yaml.safe_dump(edited))
+    again = load_profile(str(path))
+    assert again is not first and again.name == "mine-edited" and first.name == src.name
+
+
 def test_unknown_name_lists_known_and_suggests() -> None:
     with pytest.raises(UnknownProfileError) as e:
         load_profile("llama3-70b-fp8-tp4-h10")

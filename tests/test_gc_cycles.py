@@ -81,12 +81,14 @@ def _frozen_world(scenario):
     return world
 
 
-def test_the_next_run_frees_the_world_of_the_one_before() -> None:
+def test_the_next_run_frees_a_large_world_of_the_one_before(monkeypatch) -> None:
     """A run leaves its world frozen (out of the collector's reach, and the collector is off during a run):
-    the next ``run_scenario`` in the process must free it before building its own, or a sweep or a benchmark
-    holds every earlier world at once."""
+    the next ``run_scenario`` in the process must free a large one before building its own, or a sweep or a
+    benchmark holds every earlier world at once. (Here any world counts as large.)"""
+    import twin.runner
     from twin.runner import run_scenario
 
+    monkeypatch.setattr(twin.runner, "_COLLECT_WORLDS_FROM", 1)
     scenario = _base(10)
     world = _frozen_world(scenario)
     seen = []  # whether the earlier world was gone when the next run started building its own
@@ -102,6 +104,37 @@ def test_the_next_run_frees_the_world_of_the_one_before() -> None:
     finally:
         FleetWorld.__init__ = real_init
     assert seen and seen[0], "the earlier world was still alive when the next run started building"
+
+
+def test_small_worlds_are_collected_once_together_they_are_large(monkeypatch) -> None:
+    """A full collection walks the whole process, so small worlds are not collected one by one: they wait until
+    the worlds released since the last collection together pass the threshold (``twin.runner``), and are all
+    freed then."""
+    import weakref
+
+    import twin.runner
+    from twin.runner import release_finished_worlds, run_scenario
+
+    scenario = _base(5)
+    release_finished_worlds(collect=True)
+    monkeypatch.setattr(twin.runner, "_COLLECT_WORLDS_FROM", 10**12)
+    worlds, sizes = [], []
+    for _ in range(4):
+        res = run_scenario(scenario)
+        assert res.ok
+        worlds.append(weakref.ref(res.world))
+        sizes.append(twin.runner._frozen_world[0])
+        del res
+        gc.collect()  # (the collector skips frozen objects, and the next run freezes what an earlier one left)
+    assert min(sizes) > 1000
+    # three worlds released, none collected: their cycles keep them
+    assert all(w() is not None for w in worlds)
+    assert twin.runner._uncollected[0] == sum(sizes[:3])
+    # the next release passes the threshold: every earlier world is gone, the last one is frozen
+    monkeypatch.setattr(twin.runner, "_COLLECT_WORLDS_FROM", sum(sizes))
+    res = run_scenario(scenario)
+    assert [w() is None for w in worlds] == [True] * 4 and twin.runner._uncollected[0] == 0
+    assert res.ok and twin.runner._frozen_world
 
 
 def test_a_benchmark_frees_the_earlier_world_before_its_clocks_start() -> None:
