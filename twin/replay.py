@@ -151,6 +151,51 @@ def stream_ends_of(step: Any, max_model_len: int) -> tuple[int, int]:
     return opened, closed
 
 
+def shared_context_tokens(step: Any, block_size: int) -> int:
+    """``StepShape.decode_shared_tokens`` of a twin step (read right after it was scheduled): over the KV blocks its
+    decode items read, each block's readers beyond the first, times the block size. Requests share a block only
+    through a prefix-cache hit, so a shared block is a full block of a prompt. A decode item is one the engine's
+    step shape counts as one (``Engine._shape``): one token, its prompt computed, output already emitted; a decode
+    group's members always are."""
+    seen: set[int] = set()
+    again = 0
+    g_n = step.g_n
+    for i, (r, n) in enumerate(zip(step.reqs, step.ns)):
+        if i < g_n or (n == 1 and r.num_computed == r.seq.num_tokens and r.num_output > 0):
+            blocks = r.blocks
+            k = len(seen)
+            seen.update(blocks)
+            again += len(blocks) - (len(seen) - k)  # (a request's own blocks are distinct)
+    return again * block_size
+
+
+class SharedContextExtra:
+    """A replay's step-time model that counts each step's shared decode context (``shared_context_tokens``) into the
+    shape it times, for a profile whose ``decode.shared_context_fraction`` discounts it (``SharedContextStepTime``).
+    It needs each step's members (``step_time_for``), so replays that use it run without decode runs. Replays only:
+    the fleet simulation never counts shared context."""
+
+    def __init__(self, base: Any, *, block_size: int) -> None:
+        self.base = base
+        self.block_size = int(block_size)
+        self.overhead_s = getattr(base, "overhead_s", 0.0)
+        self.woke_after_idle = getattr(base, "woke_after_idle", None)  # (IdleWakeExtra's hook, passed through)
+
+    def step_time_for(self, step: Any) -> float:
+        shared = shared_context_tokens(step, self.block_size)
+        if not shared:
+            return self.base.step_time_s(step.shape)
+        sh = step.shape
+        return self.base.step_time_s(StepShape(sh.decode_requests, sh.decode_context_tokens, sh.prefill_requests,
+                                               sh.prefill_tokens, sh.prefill_attention_pairs, shared))
+
+    def step_time_s(self, shape: StepShape) -> float:  # a step without its members: no shared context known
+        return self.base.step_time_s(shape)
+
+    def decode_run_s(self, decode_requests: int, decode_context_tokens: int, num_steps: int) -> np.ndarray:
+        raise RuntimeError("shared context is counted one step at a time (decode runs are off)")
+
+
 class StreamEndsExtra:
     """A server run's step-time model plus the front end's time per stream a step opens and closes (a profile's
     ``server.per_first_chunk_s`` and ``per_last_chunk_s``, fitted with ``twin calibrate --stream-ends``: in the
@@ -460,6 +505,8 @@ def replay(rec: RecordedRun, *, profile: str | None, step_times: str = "profile"
             from twin.calibration.server import IDLE_AFTER_S
 
             model = IdleWakeExtra(model, server.idle_wake_s, IDLE_AFTER_S)
+        if coefficients.decode.shared_context_fraction < 1.0:
+            model = SharedContextExtra(model, block_size=rec.run.block_size)
     if step_times == "recorded":
         if rec.iterations is None:
             raise ValueError(f"{rec.path}: no iterations.csv, so there are no recorded step times")
@@ -495,7 +542,8 @@ def replay(rec: RecordedRun, *, profile: str | None, step_times: str = "profile"
         assert model is not None
         model = IntakeExtra(model, per_request_in_s=server.per_request_in_s,
                             sends_s=[r.arrival_s for r in rec.requests])
-    if step_times == "recorded" or isinstance(model, (StreamEndsExtra, IntakeExtra)):  # these time a step at a time
+    if step_times == "recorded" or isinstance(model, (StreamEndsExtra, IntakeExtra, SharedContextExtra)):
+        # (these time a step at a time)
         sc = sc.model_copy(update={"replica": sc.replica.model_copy(update={"max_decode_run_steps": 1})})
     delay = server.arrival_s if server is not None else 0.0
     result = run_scenario(sc, specs=request_specs(rec, arrival_delay_s=delay), step_model=model)

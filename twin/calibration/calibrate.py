@@ -45,8 +45,10 @@ from twin.calibration.server import (
     ReconstructionError,
     ServerSteps,
     arrival_bounds,
+    decode_shared_tokens,
     fit_arrival_s,
     fit_front_end,
+    fit_shared_fraction,
     front_end_samples,
     front_end_sent,
     idle_wake_excess_s,
@@ -62,6 +64,7 @@ from twin.engine_profiles.profile import (
     Provenance,
     ServerFrontEnd,
     StepTimeCoefficients,
+    step_time_model_of,
 )
 from twin.calibration.regimes import (
     TRIM_FLOOR_RATIO,
@@ -243,6 +246,7 @@ class CalibrationResult:
     used: list[Path]
     refused: list[str] = field(default_factory=list)  # "path: reason"
     overhead_samples_s: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    shared_context_runs: list[Path] = field(default_factory=list)  # server runs that fitted the fraction alone
 
 
 def _run_index(lengths: Sequence[int]) -> np.ndarray:
@@ -365,7 +369,8 @@ def calibrate(run_dirs: Sequence[str | Path], *, name: str, command: str, genera
         step_time_noise=step_time_noise(coefficients, shapes, elapsed, exclude=firsts),
     )
     return CalibrationResult(spec=spec, used=[s.path for s in samples] + ([] if server is None else server.used),
-                             refused=refused, overhead_samples_s=per_step)
+                             refused=refused, overhead_samples_s=per_step,
+                             shared_context_runs=[] if server is None else server.shared_context_runs)
 
 
 
@@ -429,6 +434,7 @@ class ServerFit:
     front_end: ServerFrontEnd
     used: list[Path]
     refused: list[str] = field(default_factory=list)
+    shared_context_runs: list[Path] = field(default_factory=list)  # (in ``used`` too)
 
 
 def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
@@ -454,6 +460,17 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
             refused.append(str(exc))
     if not steps:
         raise CalibrationError("no usable server run:\n  " + "\n  ".join(refused))
+    shared_runs: list[tuple[RecordedRun, ServerSteps, np.ndarray]] = []
+    if options.server_shared_context:  # runs whose decode steps read shared prefixes fit the fraction alone
+        counts = [decode_shared_tokens(r, s) for r, s in zip(used, steps, strict=True)]
+        shared_runs = [(r, s, c) for r, s, c in zip(used, steps, counts, strict=True) if c.any()]
+        kept = [(r, s) for r, s, c in zip(used, steps, counts, strict=True) if not c.any()]
+        if not shared_runs or not kept:
+            raise CalibrationError(
+                "server_shared_context needs server runs whose decode steps read shared prefixes (for the fraction) "
+                f"and server runs whose decode steps do not (for the other terms): {len(shared_runs)} and "
+                f"{len(kept)} given")
+        used, steps = [r for r, _ in kept], [s for _, s in kept]
     samples = [front_end_samples(s) for s in steps]
     gaps, chunks, s_firsts, s_lasts = (np.concatenate([x[i] for x in samples]) for i in range(4))
     s_sent = np.concatenate([front_end_sent(s) for s in steps])
@@ -527,6 +544,21 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
                      f"for at least {IDLE_AFTER_S * 1e3:.0f} ms, their steps left out of the regimes" + (
                          f" (quartiles {', '.join(f'{q * 1e3:.2f}' for q in np.quantile(excess, [0.25, 0.75]))} ms)."
                          if excess else "."))
+    shared_note = ""
+    if shared_runs:
+        try:
+            f, n, k = fit_shared_fraction(
+                step_time_model_of(coefficients), [sh for _, s, _ in shared_runs for sh in s.shapes],
+                np.concatenate([s.elapsed_s for _, s, _ in shared_runs]),
+                np.concatenate([c for _, _, c in shared_runs]),
+                np.concatenate([np.full(len(s.shapes), j) for j, (_, s, _) in enumerate(shared_runs)]))
+        except ValueError as exc:
+            raise CalibrationError(f"cannot fit server_shared_context: {exc}") from exc
+        coefficients = coefficients.model_copy(update={
+            "decode": coefficients.decode.model_copy(update={"shared_context_fraction": f})})
+        shared_note = (f" shared_context_fraction: {f:.2f}, least squared log error over {n} decode-only steps with "
+                       f"shared context in {k} runs ({', '.join(source_label(r.path) for r, _, _ in shared_runs)}; kept out of "
+                       f"the other terms), each run's decode-only steps at the run's own speed level.")
     resid = gaps - (base_s + per_chunk_s * chunks + per_first_s * s_firsts + per_last_s * s_lasts
                     + per_in_s * s_sent)
     ends_note = (f" + {per_first_s * 1e3:.3f} ms per stream opened + {per_last_s * 1e3:.3f} ms per stream closed "
@@ -542,7 +574,7 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
         f"{np.max(gaps) * 1e3:.1f} ms; residual RMS {np.sqrt(np.mean(resid ** 2)) * 1e3:.3f} ms). "
         f"Arrival: {arrival_s * 1e3:.1f} ms is within "
         f"the bounds of {consistent} of {upper.size} requests (upper bound median {np.median(upper) * 1e3:.1f} ms). "
-        f"{regime_note}; fit_quality on every step with a positive duration." + first_note + idle_note
+        f"{regime_note}; fit_quality on every step with a positive duration." + first_note + idle_note + shared_note
     )
     if refused:
         notes += " Refused: " + " | ".join(refused)
@@ -551,10 +583,12 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
         fit_quality=fit_quality(coefficients, shapes, elapsed,
                                 target=f"recorded vLLM server step durations (iterations.csv elapsed_ms), "
                                        f"{len(steps)} runs"),
-        provenance=Provenance(sources=[source_label(r.path) for r in used], command=command,
+        provenance=Provenance(sources=[source_label(r.path) for r in [*used, *(r for r, _, _ in shared_runs)]],
+                              command=command,
                               generated_on=generated_on, notes=notes),
         step_time_noise=step_time_noise(coefficients, shapes, elapsed, exclude=firsts),
         idle_wake_s=idle_wake_s, per_first_chunk_s=per_first_s, per_last_chunk_s=per_last_s,
         per_request_in_s=per_in_s,
     )
-    return ServerFit(front_end=front_end, used=[r.path for r in used], refused=refused)
+    return ServerFit(front_end=front_end, used=[r.path for r in [*used, *(r for r, _, _ in shared_runs)]],
+                     refused=refused, shared_context_runs=[r.path for r, _, _ in shared_runs])

@@ -46,7 +46,9 @@ class FitOptions:
     ``fit_step_time``), in the offline fit and the server section's alike. ``server_offline_context``: the server
     section's decode ``per_context_token_s`` is the offline fit's times the server runs' speed against the offline
     model on their decode steps (``fit_server``), as ``server_offline_attention`` does for the prefill attention
-    term: in the server sweep a decode step's context grows with its batch, so the two terms trade off."""
+    term: in the server sweep a decode step's context grows with its batch, so the two terms trade off.
+    ``server_shared_context``: the server section's decode ``shared_context_fraction``, fitted on the server runs
+    whose decode steps read shared prefixes (``fit_server``), which are kept out of the other terms' fit."""
 
     prefill_per_request: bool = False
     first_step: bool = False
@@ -61,6 +63,7 @@ class FitOptions:
     intake: bool = False
     decode_floor: bool = False
     server_offline_context: bool = False
+    server_shared_context: bool = False
 
 
 TRIM_MADS = 3.0  # outlier threshold in scaled median absolute deviations of log(measured / fitted)

@@ -29,8 +29,10 @@ shifts arrivals by the arrival time) for runs whose run.json says ``mode: server
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -137,6 +139,70 @@ def reconstruct(rec: RecordedRun) -> ServerSteps:
     steps.end_s = {k: float(np.median(v)) for k, v in sorted(per_step.items())}
     steps.sent = sends_during(steps, {r.request_id: r.arrival_s for r in reqs})
     return steps
+
+
+def decode_shared_tokens(rec: RecordedRun, steps: ServerSteps) -> np.ndarray:
+    """Per reconstructed step, ``StepShape.decode_shared_tokens`` of its decode items as far as the recording shows
+    them (0 on a step that carries a prefill: only decode-only steps are counted). A step's decode items are the
+    requests that got a token in it; a request reads its prompt's full KV blocks, and two requests read the same
+    block where their prompts agree up to its end (the prefix cache's block hash chain). Requests that computed
+    the same prefix at the same time hold separate copies in vLLM; the recording does not show that, and the
+    count takes them as shared."""
+    bs = rec.run.block_size
+    chains: dict[str, list[int]] = {}
+    for q in rec.requests:
+        ids, h, chain = q.prompt_token_ids, 0, []
+        for i in range(len(ids) // bs):
+            h = hash((h, tuple(ids[i * bs:(i + 1) * bs])))
+            chain.append(h)
+        chains[q.request_id] = chain
+    members: list[list[str]] = [[] for _ in steps.shapes]
+    for rid, ts in steps.token_steps.items():
+        for i in ts.tolist():
+            members[i].append(rid)
+    out = np.zeros(len(steps.shapes), dtype=np.int64)
+    for i, (sh, rids) in enumerate(zip(steps.shapes, members, strict=True)):
+        if sh.prefill_requests or len(rids) < 2:
+            continue
+        seen: set[int] = set()
+        again = 0
+        for rid in rids:
+            k = len(seen)
+            seen.update(chains[rid])
+            again += len(chains[rid]) - (len(seen) - k)
+        out[i] = again * bs
+    return out
+
+
+def fit_shared_fraction(model: Any, shapes: Sequence[StepShape], elapsed_s: np.ndarray, shared: np.ndarray,
+                        runs: np.ndarray) -> tuple[float, int, int]:
+    """``DecodeCoefficients.shared_context_fraction`` for ``model`` (the other terms as fitted): the fraction in
+    0, 0.01, ..., 1 with the least squared log error of the model-execution time over the decode-only steps, each
+    run at its own speed level (the run's mean log error is taken out before squaring: a host runs 10-40 % slower in
+    one run than in the next, which a fraction fitted on absolute times would take up). So the fraction is what the
+    steps with shared context say against the steps of the same run without it. ``runs``: each step's run; only the
+    runs with shared context count. Returns the fraction, the number of decode-only steps with shared context and
+    the number of runs."""
+    from twin.engine_profiles.profile import SharedContextStepTime
+
+    decode = np.asarray([not sh.prefill_requests and sh.decode_requests > 0 for sh in shapes]) & (elapsed_s > 0)
+    with_shared = np.unique(runs[decode & (shared > 0)])
+    idx = np.flatnonzero(decode & np.isin(runs, with_shared))
+    if with_shared.size == 0:
+        raise ValueError("no decode-only step with shared context")
+    y = np.log(elapsed_s[idx])
+    groups = [np.flatnonzero(runs[idx] == r) for r in with_shared]
+    best = (np.inf, 1.0)
+    for f in np.linspace(0.0, 1.0, 101):
+        m = SharedContextStepTime(model, float(f))
+        pred = np.asarray([m.step_time_s(StepShape(shapes[i].decode_requests, shapes[i].decode_context_tokens,
+                                                    decode_shared_tokens=int(shared[i]))) - m.overhead_s
+                           for i in idx])
+        r = y - np.log(np.maximum(pred, 1e-9))
+        err = float(sum(np.sum((r[g] - r[g].mean()) ** 2) for g in groups))
+        if err < best[0] - 1e-15:
+            best = (err, round(float(f), 2))
+    return best[1], int(np.count_nonzero(shared[idx])), int(with_shared.size)
 
 
 def _in_flight(steps: ServerSteps) -> np.ndarray:

@@ -288,6 +288,34 @@ DIAGNOSTIC: dict[str, WorkloadSpec] = {
             output_tokens=LengthDist(min_tokens=128, max_tokens=256),
             engine=EngineSpec(max_num_batched_tokens=2048, max_num_seqs=8, max_model_len=2112),
         ),
+        # A server prefix mix (not the held-out one: three 384-token prefixes on 70 % of the requests), and the same
+        # with each sharing request's prefix its own (drawn from 4096, so none repeats): the same prompt lengths,
+        # outputs and send times. Decode steps that read a shared prefix against steps without one; the first fits
+        # the server section's shared_context_fraction (docs/calibration.md, "Shared prefixes in decode steps").
+        _w(
+            "diag-prefix-mix-shared",
+            description="server, Poisson 10 req/s, three 384-token prefixes weighted 2:1:1, on 70% of requests",
+            mode="server",
+            seed=212,
+            num_requests=48,
+            prompt_tokens=LengthDist(min_tokens=16, max_tokens=256),
+            output_tokens=LengthDist(min_tokens=8, max_tokens=64),
+            shared_prefix=SharedPrefix(num_prefixes=3, prefix_tokens=384, share_fraction=0.7, weights=(2.0, 1.0, 1.0)),
+            arrivals=Arrivals(kind="poisson", rate_per_s=10.0),
+            engine=EngineSpec(max_model_len=1024),
+        ),
+        _w(
+            "diag-prefix-mix-unique",
+            description="diag-prefix-mix-shared with each sharing request's 384-token prefix drawn from 4096 (unique)",
+            mode="server",
+            seed=212,
+            num_requests=48,
+            prompt_tokens=LengthDist(min_tokens=16, max_tokens=256),
+            output_tokens=LengthDist(min_tokens=8, max_tokens=64),
+            shared_prefix=SharedPrefix(num_prefixes=4096, prefix_tokens=384, share_fraction=0.7),
+            arrivals=Arrivals(kind="poisson", rate_per_s=10.0),
+            engine=EngineSpec(max_model_len=1024),
+        ),
     ]
 }
 

@@ -59,6 +59,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the server section's decode context term (per_context_token_s) from the offline fit, scaled "
                         "by the server runs' speed on their decode steps; the other server terms fitted as before "
                         "(off by default; docs/calibration.md)")
+    p.add_argument("--server-shared-context", action="store_true",
+                   help="the server section's decode shared_context_fraction (what a context token another decode "
+                        "request of the step reads too costs), fitted on the server runs whose decode steps read "
+                        "shared prefixes; those runs are kept out of the other server terms (off by default; "
+                        "docs/calibration.md)")
     p.add_argument("--stream-ends", action="store_true",
                    help="fit the server front end's time per stream opened and closed in a step (a request's first "
                         "and last chunk), applied by replays of server runs (off by default; docs/calibration.md)")
@@ -119,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
                          server_scaled_offline=args.server_scaled_offline, idle_wake=args.idle_wake,
                          server_offline_attention=args.server_offline_attention, stream_ends=args.stream_ends,
                          intake=args.intake, decode_floor=args.decode_floor,
-                         server_offline_context=args.server_offline_context)
+                         server_offline_context=args.server_offline_context,
+                         server_shared_context=args.server_shared_context)
     if args.cross_validate:
         if args.out is not None or args.name is not None:
             print("twin calibrate: --cross-validate writes no profile (drop --out / --name)", file=sys.stderr)
@@ -144,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
                + (" --stream-ends" if options.stream_ends else "")
                + (" --intake" if options.intake else "")
                + (" --decode-floor" if options.decode_floor else "")
-               + (" --server-offline-context" if options.server_offline_context else ""))
+               + (" --server-offline-context" if options.server_offline_context else "")
+               + (" --server-shared-context" if options.server_shared_context else ""))
     try:
         result = calibrate(args.run_dirs, name=name, command=command, generated_on=args.date, source_label=_label,
                            options=options)
@@ -177,7 +184,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     sd, sp, sq = sv.step_time.decode, sv.step_time.prefill, sv.fit_quality
     print(f"  server front end  arrival {sv.arrival_s * 1e3:.1f} ms; per step {sv.step_time.overhead_s * 1e3:.3f} ms"
-          f" + {sv.per_chunk_s * 1e3:.3f} ms per streamed chunk ({len(sv.provenance.sources)} server runs)")
+          f" + {sv.per_chunk_s * 1e3:.3f} ms per streamed chunk "
+          f"({len(sv.provenance.sources) - len(result.shared_context_runs)} server runs)")
+    if options.server_shared_context:
+        print(f"  server shared     a decode context token another request of the step reads too costs "
+              f"{sv.step_time.decode.shared_context_fraction:.2f} of one (fitted on "
+              f"{len(result.shared_context_runs)} server runs that share prefixes; replays only)")
     if options.stream_ends:
         print(f"  server streams    +{sv.per_first_chunk_s * 1e3:.3f} ms per stream opened, "
               f"+{sv.per_last_chunk_s * 1e3:.3f} ms per stream closed in a step (replays only)")

@@ -89,11 +89,20 @@ class DecodeCoefficients(_Frozen):
     batch_change_s: float = Field(
         default=0.0, ge=0, description="extra on a decode-only step with fewer requests than the decode-only step "
                                        "before it (a request finished or was preempted; replays only)")
+    shared_context_fraction: float = Field(
+        default=1.0, ge=0, le=1, description="what a decode context token costs, as a fraction of the context terms, "
+                                             "in a KV block that another decode item of the same step reads too "
+                                             "(beyond the block's first reader: StepShape.decode_shared_tokens); "
+                                             "replays only; 1 and left out of the file unless fitted "
+                                             "(twin calibrate --server-shared-context)")
 
     @model_serializer(mode="wrap")
     def _leave_out_zero_terms(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return _without_zero(handler(self), ("floor_requests", "single_request_s", "per_context_token_sq_s",
+        data = _without_zero(handler(self), ("floor_requests", "single_request_s", "per_context_token_sq_s",
                                              "batch_change_s"))
+        if data.get("shared_context_fraction") == 1.0:
+            data.pop("shared_context_fraction")
+        return data
 
 
 class PrefillCoefficients(_Frozen):
@@ -212,6 +221,37 @@ class DecodeTermsStepTime:
         return t + (self._fixed_s(n) + self._sq_s * context * context / n)
 
 
+class SharedContextStepTime:
+    """A step-time model whose decode context terms count a shared context token at ``fraction`` of an unshared
+    one (``DecodeCoefficients.shared_context_fraction``); implements ``StepTimeModel``.
+
+    A step's ``decode_shared_tokens`` are context tokens in KV blocks that another decode item of the same step
+    reads too, beyond each block's first reader: requests that hit the same cached prefix read the same blocks. In
+    the recorded CPU server runs such steps ran faster than their context says (docs/calibration.md, "Shared
+    prefixes in decode steps"). The step is timed as the same step with ``(1 - fraction) * decode_shared_tokens``
+    fewer context tokens, in every regime and term that reads the decode context. Only replays count the tokens
+    (``twin.replay.SharedContextExtra``); a shape without them, and every decode run, is timed by the base model.
+    """
+
+    __slots__ = ("base", "fraction", "overhead_s")
+
+    def __init__(self, base: Any, fraction: float) -> None:
+        self.base = base
+        self.fraction = float(fraction)
+        self.overhead_s = base.overhead_s
+
+    def step_time_s(self, shape: StepShape) -> float:
+        shared = shape.decode_shared_tokens
+        if shared:
+            less = round((1.0 - self.fraction) * shared)
+            shape = StepShape(shape.decode_requests, shape.decode_context_tokens - less, shape.prefill_requests,
+                              shape.prefill_tokens, shape.prefill_attention_pairs)
+        return self.base.step_time_s(shape)
+
+    def decode_run_s(self, decode_requests: int, decode_context_tokens: int, num_steps: int) -> Any:
+        return self.base.decode_run_s(decode_requests, decode_context_tokens, num_steps)
+
+
 def decode_batch_changed(shapes: Sequence[StepShape]) -> np.ndarray:
     """Per step of a sequence (one replica's steps in order): True for a decode-only step that decodes fewer requests
     than the decode-only step before it (a request finished or was preempted in between). Where
@@ -226,18 +266,23 @@ def decode_batch_changed(shapes: Sequence[StepShape]) -> np.ndarray:
     return out
 
 
-def step_time_model_of(coefficients: StepTimeCoefficients
-                       ) -> LinearStepTimeModel | PrefillPerRequestStepTime | DecodeTermsStepTime:
+StepTimeOf = LinearStepTimeModel | PrefillPerRequestStepTime | DecodeTermsStepTime | SharedContextStepTime
+
+
+def step_time_model_of(coefficients: StepTimeCoefficients) -> StepTimeOf:
     """The step-time model of ``coefficients``: the plain linear model unless an optional term is set (prefill
-    ``per_request_s``; decode ``floor_requests`` / ``single_request_s`` / ``per_context_token_sq_s``). ``first_step_s``
+    ``per_request_s``; decode ``floor_requests`` / ``single_request_s`` / ``per_context_token_sq_s`` /
+    ``shared_context_fraction``). ``first_step_s``
     and decode ``batch_change_s`` are not part of it: they depend on a run's step sequence, and replays add them
     (``twin.replay``); the fleet simulation shares one model between replicas, so it could not."""
-    model: LinearStepTimeModel | PrefillPerRequestStepTime = (
+    model: LinearStepTimeModel | PrefillPerRequestStepTime | DecodeTermsStepTime = (
         PrefillPerRequestStepTime(coefficients) if coefficients.prefill.per_request_s
         else LinearStepTimeModel.from_coefficients(coefficients))
     d = coefficients.decode
     if d.single_request_s or d.per_context_token_sq_s or d.floor_requests > 1:
-        return DecodeTermsStepTime(model, d)
+        model = DecodeTermsStepTime(model, d)
+    if d.shared_context_fraction < 1.0:
+        return SharedContextStepTime(model, d.shared_context_fraction)
     return model
 
 
@@ -402,7 +447,7 @@ class EngineProfile:
         """Weight bytes for the whole replica (all TP ranks together)."""
         return self._weight_bytes
 
-    def step_time_model(self) -> LinearStepTimeModel | PrefillPerRequestStepTime | DecodeTermsStepTime:
+    def step_time_model(self) -> StepTimeOf:
         if self.spec.step_time is None:
             raise ValueError(
                 f"profile {self.name!r} has no fitted step-time coefficients yet "

@@ -28,6 +28,10 @@ class StepShape:
     prefill_requests: int = 0
     prefill_tokens: int = 0  # sum of chunk lengths
     prefill_attention_pairs: int = 0  # sum over chunks of prefill_attention_work(prefix, chunk)
+    # decode context tokens in KV blocks that another decode item of the step reads too, beyond each block's first
+    # reader (counted by replays whose profile discounts them: ``DecodeCoefficients.shared_context_fraction``; the
+    # fleet simulation never counts them, so it is 0 there)
+    decode_shared_tokens: int = 0
 
     @property
     def total_tokens(self) -> int:
