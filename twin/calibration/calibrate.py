@@ -465,11 +465,10 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
         counts = [decode_shared_tokens(r, s) for r, s in zip(used, steps, strict=True)]
         shared_runs = [(r, s, c) for r, s, c in zip(used, steps, counts, strict=True) if c.any()]
         kept = [(r, s) for r, s, c in zip(used, steps, counts, strict=True) if not c.any()]
-        if not shared_runs or not kept:
+        if not kept:
             raise CalibrationError(
-                "server_shared_context needs server runs whose decode steps read shared prefixes (for the fraction) "
-                f"and server runs whose decode steps do not (for the other terms): {len(shared_runs)} and "
-                f"{len(kept)} given")
+                "server_shared_context fits the other server terms on the server runs whose decode steps read no "
+                f"shared prefix, and all {len(shared_runs)} given do")
         used, steps = [r for r, _ in kept], [s for _, s in kept]
     samples = [front_end_samples(s) for s in steps]
     gaps, chunks, s_firsts, s_lasts = (np.concatenate([x[i] for x in samples]) for i in range(4))
@@ -544,7 +543,8 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
                      f"for at least {IDLE_AFTER_S * 1e3:.0f} ms, their steps left out of the regimes" + (
                          f" (quartiles {', '.join(f'{q * 1e3:.2f}' for q in np.quantile(excess, [0.25, 0.75]))} ms)."
                          if excess else "."))
-    shared_note = ""
+    shared_note = (" shared_context_fraction: not fitted, no server run given reads a shared prefix in its decode "
+                   "steps." if options.server_shared_context and not shared_runs else "")
     if shared_runs:
         try:
             f, n, k = fit_shared_fraction(

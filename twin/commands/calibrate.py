@@ -186,10 +186,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"  server front end  arrival {sv.arrival_s * 1e3:.1f} ms; per step {sv.step_time.overhead_s * 1e3:.3f} ms"
           f" + {sv.per_chunk_s * 1e3:.3f} ms per streamed chunk "
           f"({len(sv.provenance.sources) - len(result.shared_context_runs)} server runs)")
-    if options.server_shared_context:
+    if options.server_shared_context and result.shared_context_runs:
         print(f"  server shared     a decode context token another request of the step reads too costs "
               f"{sv.step_time.decode.shared_context_fraction:.2f} of one (fitted on "
               f"{len(result.shared_context_runs)} server runs that share prefixes; replays only)")
+    elif options.server_shared_context:
+        print("  server shared     not fitted: no server run given reads a shared prefix in its decode steps")
     if options.stream_ends:
         print(f"  server streams    +{sv.per_first_chunk_s * 1e3:.3f} ms per stream opened, "
               f"+{sv.per_last_chunk_s * 1e3:.3f} ms per stream closed in a step (replays only)")
