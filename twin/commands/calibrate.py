@@ -185,11 +185,11 @@ def run(args: argparse.Namespace) -> int:
     sd, sp, sq = sv.step_time.decode, sv.step_time.prefill, sv.fit_quality
     print(f"  server front end  arrival {sv.arrival_s * 1e3:.1f} ms; per step {sv.step_time.overhead_s * 1e3:.3f} ms"
           f" + {sv.per_chunk_s * 1e3:.3f} ms per streamed chunk "
-          f"({len(sv.provenance.sources) - len(result.shared_context_runs)} server runs)")
+          f"({_runs(len(sv.provenance.sources) - len(result.shared_context_runs))})")
     if options.server_shared_context and result.shared_context_runs:
         print(f"  server shared     a decode context token another request of the step reads too costs "
               f"{sv.step_time.decode.shared_context_fraction:.2f} of one (fitted on "
-              f"{len(result.shared_context_runs)} server runs that share prefixes; replays only)")
+              f"{_runs(len(result.shared_context_runs))} that share prefixes; replays only)")
     elif options.server_shared_context:
         print("  server shared     not fitted: no server run given reads a shared prefix in its decode steps")
     if options.stream_ends:
@@ -208,3 +208,7 @@ def run(args: argparse.Namespace) -> int:
           f" + {sp.per_attention_pair_s * 1e9:.3f} ns/pair + {sp.per_decode_context_token_s * 1e9:.2f} ns/ctx tok;"
           f" mean |rel err| {sq.prefill.mean_abs_rel_error:.1%}, max {sq.prefill.max_abs_rel_error:.1%}")
     return 0
+
+
+def _runs(n: int) -> str:
+    return f"{n} server run" + ("" if n == 1 else "s")
