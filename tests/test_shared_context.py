@@ -215,3 +215,16 @@ def test_the_session_after_the_choice_rejected_the_fraction(tmp_path) -> None:
 def _latency(report: dict) -> int:
     keys = ("ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s", "e2e_p50_s", "e2e_p90_s")
     return sum(r["items"][k]["pass"] for r in report["runs"] for k in keys)
+
+
+def test_the_committed_runs_are_the_registered_workloads() -> None:
+    """`twin record --workload NAME --model cpu-small-llama` records these requests again."""
+    from twin.calibration.workload_sets import DIAGNOSTIC
+    from twin.calibration.workloads import describe
+
+    runs = [*SHARED, *UNIQUE, FRESH_PREFIX / "calibration" / "sweep-server-prefix"]
+    for run in runs:
+        spec = json.loads((run / "run.json").read_text())["workload"]["spec"]
+        name = spec["name"]
+        assert name in DIAGNOSTIC
+        assert spec == describe(DIAGNOSTIC[name].model_copy(update={"model": "cpu-small-llama"}))["spec"], run

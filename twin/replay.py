@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from twin.calibration.recorded import RecordedRun
-from twin.engine_profiles.step import StepShape, StepTimeModel
+from twin.engine_profiles.step import StepShape, StepTimeModel, repeated_reads
 from twin.metrics import distribution
 from twin.models.workload import RequestSpec
 from twin.rng import stable_hash
@@ -157,16 +157,10 @@ def shared_context_tokens(step: Any, block_size: int) -> int:
     through a prefix-cache hit, so a shared block is a full block of a prompt. A decode item is one the engine's
     step shape counts as one (``Engine._shape``): one token, its prompt computed, output already emitted; a decode
     group's members always are."""
-    seen: set[int] = set()
-    again = 0
     g_n = step.g_n
-    for i, (r, n) in enumerate(zip(step.reqs, step.ns)):
-        if i < g_n or (n == 1 and r.num_computed == r.seq.num_tokens and r.num_output > 0):
-            blocks = r.blocks
-            k = len(seen)
-            seen.update(blocks)
-            again += len(blocks) - (len(seen) - k)  # (a request's own blocks are distinct)
-    return again * block_size
+    return block_size * repeated_reads(
+        r.blocks for i, (r, n) in enumerate(zip(step.reqs, step.ns))
+        if i < g_n or (n == 1 and r.num_computed == r.seq.num_tokens and r.num_output > 0))
 
 
 class SharedContextExtra:

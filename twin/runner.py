@@ -219,11 +219,12 @@ def release_finished_worlds(*, collect: bool = False) -> None:
 # ``gc.get_freeze_count`` walks the frozen list (~10 ms in a test process).
 _frozen_world: list[int] = []
 # The same summed over the worlds released since the last collection. A full collection walks the whole process,
-# not just the dropped worlds: ~25 ms in a test process, which a fidelity table of nine noise draws of twelve runs
-# paid 108 times to free worlds of a few thousand objects each. So small worlds wait until together they pass the
-# threshold (a world's cycles stay in memory until then; the next run's freeze would otherwise keep them from the
-# collector's own schedule). Measured: a replay of a recorded CPU run leaves a few hundred to ~2,000 objects; the
-# fleet benchmark's scenario for 120 simulated s ~53,000 at 0.005x, ~215,000 at 0.02x.
+# not just the dropped worlds: ~26 ms in a plain process and more in a test process, which a fidelity table of nine
+# noise draws of twelve runs paid 120 times (one per replay) to free worlds of a few thousand objects each. So small
+# worlds wait until together they pass the threshold, and their cycles stay in memory until then (the next run's
+# freeze takes them out of the collector's reach again, so only this count frees them). Measured: a replay of a
+# recorded CPU run leaves a few hundred to ~2,000 objects; the fleet benchmark's scenario for 120 simulated s
+# ~53,000 at 0.005x, ~215,000 at 0.02x.
 _uncollected = [0]
 _COLLECT_WORLDS_FROM = 200_000
 

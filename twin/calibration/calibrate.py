@@ -447,7 +447,9 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
     ``robust_fit`` of the reconstructed step shapes against ``elapsed_ms`` with that base as the overhead.
     Arrival time: the value consistent with most requests' arrival bounds, pooled over the runs.
     With ``options.server_scaled_offline`` the step time is ``offline``'s regimes times one factor instead
-    (``_scaled_offline``).
+    (``_scaled_offline``). With ``options.server_shared_context`` the runs whose decode steps read shared prefixes
+    (``decode_shared_tokens``) fit the decode ``shared_context_fraction`` alone (``fit_shared_fraction``, against the
+    terms the other runs give) and nothing else.
     """
     steps: list[ServerSteps] = []
     used: list[RecordedRun] = []
@@ -556,9 +558,10 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
             raise CalibrationError(f"cannot fit server_shared_context: {exc}") from exc
         coefficients = coefficients.model_copy(update={
             "decode": coefficients.decode.model_copy(update={"shared_context_fraction": f})})
+        labels = ", ".join(source_label(r.path) for r, _, _ in shared_runs)
         shared_note = (f" shared_context_fraction: {f:.2f}, least squared log error over {n} decode-only steps with "
-                       f"shared context in {k} run{'' if k == 1 else 's'} ({', '.join(source_label(r.path) for r, _, _ in shared_runs)}; kept out of "
-                       f"the other terms), each run's decode-only steps at the run's own speed level.")
+                       f"shared context in {k} run{'' if k == 1 else 's'} ({labels}; kept out of the other terms), "
+                       f"each run's decode-only steps at the run's own speed level.")
     resid = gaps - (base_s + per_chunk_s * chunks + per_first_s * s_firsts + per_last_s * s_lasts
                     + per_in_s * s_sent)
     ends_note = (f" + {per_first_s * 1e3:.3f} ms per stream opened + {per_last_s * 1e3:.3f} ms per stream closed "

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from twin.calibration.recorded import RecordedRun
-from twin.engine_profiles.step import StepShape, prefill_attention_work
+from twin.engine_profiles.step import StepShape, prefill_attention_work, repeated_reads
 
 
 class ReconstructionError(ValueError):
@@ -162,15 +162,8 @@ def decode_shared_tokens(rec: RecordedRun, steps: ServerSteps) -> np.ndarray:
             members[i].append(rid)
     out = np.zeros(len(steps.shapes), dtype=np.int64)
     for i, (sh, rids) in enumerate(zip(steps.shapes, members, strict=True)):
-        if sh.prefill_requests or len(rids) < 2:
-            continue
-        seen: set[int] = set()
-        again = 0
-        for rid in rids:
-            k = len(seen)
-            seen.update(chains[rid])
-            again += len(chains[rid]) - (len(seen) - k)
-        out[i] = again * bs
+        if not sh.prefill_requests and len(rids) > 1:
+            out[i] = bs * repeated_reads(chains[rid] for rid in rids)
     return out
 
 

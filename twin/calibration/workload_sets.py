@@ -273,6 +273,12 @@ HELD_OUT: dict[str, WorkloadSpec] = {
     ]
 }
 
+# The server prefix mixes of the diagnostic set: all but the seed, the count and the prefixes.
+_PREFIX_MIX = dict(mode="server", prompt_tokens=LengthDist(min_tokens=16, max_tokens=256),
+                   output_tokens=LengthDist(min_tokens=8, max_tokens=64),
+                   arrivals=Arrivals(kind="poisson", rate_per_s=10.0), engine=EngineSpec(max_model_len=1024))
+_THREE_PREFIXES = SharedPrefix(num_prefixes=3, prefix_tokens=384, share_fraction=0.7, weights=(2.0, 1.0, 1.0))
+
 # ---------------------------------------------------------------------------------------------------
 # Diagnostic workloads: recordable by name, in no session (docs/calibration.md says what each was for).
 DIAGNOSTIC: dict[str, WorkloadSpec] = {
@@ -292,46 +298,17 @@ DIAGNOSTIC: dict[str, WorkloadSpec] = {
         # with each sharing request's prefix its own (drawn from 4096, so none repeats): the same prompt lengths,
         # outputs and send times. Decode steps that read a shared prefix against steps without one; the first fits
         # the server section's shared_context_fraction (docs/calibration.md, "Shared prefixes in decode steps").
-        _w(
-            "diag-prefix-mix-shared",
-            description="server, Poisson 10 req/s, three 384-token prefixes weighted 2:1:1, on 70% of requests",
-            mode="server",
-            seed=212,
-            num_requests=48,
-            prompt_tokens=LengthDist(min_tokens=16, max_tokens=256),
-            output_tokens=LengthDist(min_tokens=8, max_tokens=64),
-            shared_prefix=SharedPrefix(num_prefixes=3, prefix_tokens=384, share_fraction=0.7, weights=(2.0, 1.0, 1.0)),
-            arrivals=Arrivals(kind="poisson", rate_per_s=10.0),
-            engine=EngineSpec(max_model_len=1024),
-        ),
-        _w(
-            "diag-prefix-mix-unique",
-            description="diag-prefix-mix-shared with each sharing request's 384-token prefix drawn from 4096 (unique)",
-            mode="server",
-            seed=212,
-            num_requests=48,
-            prompt_tokens=LengthDist(min_tokens=16, max_tokens=256),
-            output_tokens=LengthDist(min_tokens=8, max_tokens=64),
-            shared_prefix=SharedPrefix(num_prefixes=4096, prefix_tokens=384, share_fraction=0.7),
-            arrivals=Arrivals(kind="poisson", rate_per_s=10.0),
-            engine=EngineSpec(max_model_len=1024),
-        ),
+        _w("diag-prefix-mix-shared", seed=212, num_requests=48, shared_prefix=_THREE_PREFIXES, **_PREFIX_MIX,
+           description="server, Poisson 10 req/s, three 384-token prefixes weighted 2:1:1, on 70% of requests"),
+        _w("diag-prefix-mix-unique", seed=212, num_requests=48, **_PREFIX_MIX,
+           shared_prefix=SharedPrefix(num_prefixes=4096, prefix_tokens=384, share_fraction=0.7),
+           description="diag-prefix-mix-shared with each sharing request's 384-token prefix drawn from 4096 (unique)"),
         # The sweep's fifth server run for one session (2026-12-06, commit 39b6449), recorded by the one command in
         # tests/fixtures/calibration/cpu-small-llama-freshclone-prefix: it fitted the server section's
         # shared_context_fraction, which that session's held-out runs then rejected (docs/calibration.md, "Shared
         # prefixes in decode steps"). Three system prompts, as diag-prefix-mix-shared, with other requests and more.
-        _w(
-            "sweep-server-prefix",
-            description="server, Poisson 10 req/s, three 384-token prefixes weighted 2:1:1, on 70% of requests",
-            mode="server",
-            seed=113,
-            num_requests=64,
-            prompt_tokens=LengthDist(min_tokens=16, max_tokens=256),
-            output_tokens=LengthDist(min_tokens=8, max_tokens=64),
-            shared_prefix=SharedPrefix(num_prefixes=3, prefix_tokens=384, share_fraction=0.7, weights=(2.0, 1.0, 1.0)),
-            arrivals=Arrivals(kind="poisson", rate_per_s=10.0),
-            engine=EngineSpec(max_model_len=1024),
-        ),
+        _w("sweep-server-prefix", seed=113, num_requests=64, shared_prefix=_THREE_PREFIXES, **_PREFIX_MIX,
+           description="server, Poisson 10 req/s, three 384-token prefixes weighted 2:1:1, on 70% of requests"),
     ]
 }
 

@@ -272,9 +272,9 @@ StepTimeOf = LinearStepTimeModel | PrefillPerRequestStepTime | DecodeTermsStepTi
 def step_time_model_of(coefficients: StepTimeCoefficients) -> StepTimeOf:
     """The step-time model of ``coefficients``: the plain linear model unless an optional term is set (prefill
     ``per_request_s``; decode ``floor_requests`` / ``single_request_s`` / ``per_context_token_sq_s`` /
-    ``shared_context_fraction``). ``first_step_s``
-    and decode ``batch_change_s`` are not part of it: they depend on a run's step sequence, and replays add them
-    (``twin.replay``); the fleet simulation shares one model between replicas, so it could not."""
+    ``shared_context_fraction``). ``first_step_s`` and decode ``batch_change_s`` are not part of it: they depend on a
+    run's step sequence, and replays add them (``twin.replay``); the fleet simulation shares one model between
+    replicas, so it could not."""
     model: LinearStepTimeModel | PrefillPerRequestStepTime | DecodeTermsStepTime = (
         PrefillPerRequestStepTime(coefficients) if coefficients.prefill.per_request_s
         else LinearStepTimeModel.from_coefficients(coefficients))

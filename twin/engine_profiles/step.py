@@ -7,6 +7,7 @@ never knows how time is modelled and a profile never knows how batches are forme
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -40,6 +41,18 @@ class StepShape:
     @property
     def is_decode_only(self) -> bool:
         return self.prefill_requests == 0
+
+
+def repeated_reads(block_lists: Iterable[Sequence[Hashable]]) -> int:
+    """Given the KV blocks each decode item of a step reads (no block twice in one list), the reads of a block beyond
+    its first reader: ``StepShape.decode_shared_tokens`` is this times the block size."""
+    seen: set[Hashable] = set()
+    again = 0
+    for blocks in block_lists:
+        k = len(seen)
+        seen.update(blocks)
+        again += len(blocks) - (len(seen) - k)
+    return again
 
 
 def prefill_attention_work(prefix: int, chunk: int) -> int:
