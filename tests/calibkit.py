@@ -10,6 +10,7 @@ import pytest
 from twin.calibration.fidelity import fidelity
 
 REPEATS = ("held-out", "held-out-repeat2", "held-out-repeat3", "held-out-repeat4")
+LATENCY = ("ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s", "e2e_p50_s", "e2e_p90_s")
 
 
 def sweep_runs(root: Path) -> list[Path]:
@@ -23,6 +24,11 @@ def held_out_table(root: Path, profile: str) -> dict:
     runs = sorted(p for rep in REPEATS for p in (root / rep).iterdir())
     assert len(runs) == 12
     return fidelity(runs, profile=profile, draws=9)
+
+
+def latency_passed(report: dict) -> int:
+    """The TTFT/ITL/E2E p50/p90 items of a fidelity report that pass."""
+    return sum(r["items"][k]["pass"] for r in report["runs"] for k in LATENCY)
 
 
 def check_refit(committed, refit) -> None:  # noqa: ANN001 (two ProfileSpecs)

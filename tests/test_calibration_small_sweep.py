@@ -12,10 +12,9 @@ import pytest
 from twin.calibration.calibrate import FitOptions, calibrate
 from twin.engine_profiles import load_profile
 
-from calibkit import check_refit, check_table, held_out_key, held_out_table, sweep_runs
+from calibkit import check_refit, check_table, held_out_key, held_out_table, latency_passed, sweep_runs
 
 ROOT = Path(__file__).resolve().parent / "fixtures" / "calibration" / "cpu-small-llama-sweep"
-LATENCY = ("ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s", "e2e_p50_s", "e2e_p90_s")
 
 
 def _sweep(root: Path) -> list[Path]:
@@ -32,10 +31,6 @@ def _refit_matches(roots: Path | list[Path], committed, options: FitOptions) -> 
     refit = calibrate(runs, name="cpu-small-llama", command="test", options=options).spec
     check_refit(committed, refit)
     assert committed.server.step_time.overhead_s == pytest.approx(refit.server.step_time.overhead_s, rel=1e-9)
-
-
-def _latency_passed(report: dict) -> int:
-    return sum(r["items"][k]["pass"] for r in report["runs"] for k in LATENCY)
 
 
 def _failed(report: dict) -> set[tuple[str, str]]:
@@ -66,7 +61,7 @@ def test_the_shipped_profile_is_the_pooled_fit_of_the_two_context_sessions() -> 
     assert (shipped.step_time.decode.floor_requests, shipped.server.step_time.decode.floor_requests) == (6, 6)
     report = held_out_table(CONTEXT, "cpu-small-llama")
     assert (report["summary"]["passed"], report["summary"]["items"]) == (152, 160)
-    assert _latency_passed(report) == 65
+    assert latency_passed(report) == 65
 
 
 def test_the_committed_fidelity_table_is_what_fidelity_gives() -> None:
@@ -78,7 +73,7 @@ def test_the_committed_fidelity_table_is_what_fidelity_gives() -> None:
     report = held_out_table(ROOT, str(ROOT / "cpu-small-llama.yaml"))
     check_table(report, committed)
     assert committed["summary"]["passed"] == 153 and committed["summary"]["items"] == 160
-    assert _latency_passed(report) == 67
+    assert latency_passed(report) == 67
     for r in report["runs"]:
         if "offline" in r["run"]:
             for k in ("steps", "composition", "preemptions", "prefix_cache_hits"):
@@ -104,7 +99,7 @@ def test_the_fresh_clone_session_is_the_fit_and_the_table_of_its_recordings() ->
     check_table(report, table)
     assert (table["summary"]["passed"], table["summary"]["items"]) == (154, 160)
     assert table["summary"]["recorded_steps"]["passed"] == 128
-    assert _latency_passed(report) == 68
+    assert latency_passed(report) == 68
     failed = _failed(report)
     assert len(failed) == 6 and {run for run, _ in failed} == {"held-out-repeat3/heldout-offline-kv-prefix"}
 
@@ -129,7 +124,7 @@ def test_the_context_sessions_are_the_fit_and_the_table_of_their_recordings(
     check_table(report, table)
     assert (table["summary"]["passed"], table["summary"]["items"]) == (passed, 160)
     assert table["summary"]["recorded_steps"]["passed"] == 128
-    assert _latency_passed(report) == latency
+    assert latency_passed(report) == latency
     for r in report["runs"]:
         if "offline" in r["run"]:
             for k in ("steps", "composition", "preemptions", "prefix_cache_hits"):

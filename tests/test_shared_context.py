@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import yaml
 
-from calibkit import check_refit, check_table, held_out_table, sweep_runs
+from calibkit import check_refit, check_table, held_out_table, latency_passed, sweep_runs
 from twin.calibration.calibrate import CalibrationError, FitOptions, calibrate
 from twin.calibration.recorded import load_recorded_run
 from twin.calibration.server import decode_shared_tokens, fit_shared_fraction, reconstruct
@@ -39,6 +39,13 @@ FIRST_UNIQUE = sorted((DIAG / "first-look").glob("heldout-mix-unique-*"))
 CONTEXT = FIXTURES / "cpu-small-llama-context"
 
 
+def _with_fraction(spec, fraction: float):  # noqa: ANN001, ANN202 (a ProfileSpec in and out)
+    """``spec`` with its server section's decode ``shared_context_fraction`` set to ``fraction``."""
+    st = spec.server.step_time
+    st = st.model_copy(update={"decode": st.decode.model_copy(update={"shared_context_fraction": fraction})})
+    return spec.model_copy(update={"server": spec.server.model_copy(update={"step_time": st})})
+
+
 def _server_terms():
     return load_profile(str(CONTEXT / "cpu-small-llama.yaml")).spec.server.step_time
 
@@ -56,11 +63,8 @@ def test_a_shared_token_costs_its_fraction_of_a_context_token_in_every_regime() 
 def test_the_fraction_is_in_the_profile_file_only_when_fitted(tmp_path) -> None:
     spec = load_profile(str(CONTEXT / "cpu-small-llama.yaml")).spec
     assert "shared_context_fraction" not in yaml.safe_dump(spec.model_dump(mode="json"))
-    st = spec.server.step_time
-    st = st.model_copy(update={"decode": st.decode.model_copy(update={"shared_context_fraction": 0.4})})
     path = tmp_path / "p.yaml"
-    path.write_text(yaml.safe_dump(spec.model_copy(update={"server": spec.server.model_copy(
-        update={"step_time": st})}).model_dump(mode="json")))
+    path.write_text(yaml.safe_dump(_with_fraction(spec, 0.4).model_dump(mode="json")))
     again = load_profile(str(path)).spec.server.step_time
     assert again.decode.shared_context_fraction == 0.4
     assert isinstance(step_time_model_of(again), SharedContextStepTime)
@@ -168,10 +172,7 @@ def test_calibrate_fits_the_fraction_on_the_shared_runs_and_the_rest_without_the
     options = FitOptions(server_offline_attention=True, decode_floor=True, server_shared_context=True)
     spec = calibrate([*sweep_runs(CONTEXT), *SHARED], name="cpu-small-llama", command="test", options=options).spec
     assert spec.server.step_time.decode.shared_context_fraction == 0.0  # (at the bound: a shared block read once)
-    st = spec.server.step_time
-    reset = spec.model_copy(update={"server": spec.server.model_copy(update={"step_time": st.model_copy(
-        update={"decode": st.decode.model_copy(update={"shared_context_fraction": 1.0})})})})
-    check_refit(load_profile(str(CONTEXT / "cpu-small-llama.yaml")).spec, reset)
+    check_refit(load_profile(str(CONTEXT / "cpu-small-llama.yaml")).spec, _with_fraction(spec, 1.0))
     assert "shared_context_fraction" in spec.server.provenance.notes
     assert all(str(r) in spec.server.provenance.sources for r in SHARED)
     # without a run that shares prefixes the fraction stays 1 (a cross-validation fold may leave it out), and says so
@@ -201,12 +202,10 @@ def test_the_session_after_the_choice_rejected_the_fraction(tmp_path) -> None:
     table = json.loads((FRESH_PREFIX / "fidelity-held-out.json").read_text())
     report = held_out_table(FRESH_PREFIX, str(FRESH_PREFIX / "cpu-small-llama.yaml"))
     check_table(report, table)
-    assert (table["summary"]["passed"], _latency(report)) == (146, 64)
+    assert (table["summary"]["passed"], latency_passed(report)) == (146, 64)
     assert all("heldout-server-prefix-mix" in r["run"] for r in report["runs"]
                for i in r["items"].values() if i.get("pass") is False)
-    st = committed.server.step_time
-    without = committed.model_copy(update={"server": committed.server.model_copy(update={"step_time": st.model_copy(
-        update={"decode": st.decode.model_copy(update={"shared_context_fraction": 1.0})})})})
+    without = _with_fraction(committed, 1.0)
     # which is what the one command as it now is fits from these recordings (the prefix run left out)
     now = calibrate([r for r in sweep_runs(FRESH_PREFIX) if r.name != "sweep-server-prefix"], name="cpu-small-llama",
                     command="test", options=FitOptions(server_offline_attention=True, decode_floor=True)).spec
@@ -214,12 +213,9 @@ def test_the_session_after_the_choice_rejected_the_fraction(tmp_path) -> None:
     path = tmp_path / "without.yaml"
     path.write_text(yaml.safe_dump(without.model_dump(mode="json")))
     report = held_out_table(FRESH_PREFIX, str(path))
-    assert (report["summary"]["passed"], _latency(report)) == (160, 72)
+    assert (report["summary"]["passed"], latency_passed(report)) == (160, 72)
 
 
-def _latency(report: dict) -> int:
-    keys = ("ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s", "e2e_p50_s", "e2e_p90_s")
-    return sum(r["items"][k]["pass"] for r in report["runs"] for k in keys)
 
 
 def test_the_committed_runs_are_the_registered_workloads() -> None:

@@ -429,6 +429,44 @@ def _speed_against(offline: StepTimeCoefficients, shapes: Sequence[StepShape], e
     return float(np.median(elapsed[keep] / pred[keep])), keep
 
 
+_SharedRuns = list[tuple[RecordedRun, ServerSteps, np.ndarray]]  # a run, its steps, each step's shared tokens
+
+
+def _set_apart_shared(used: list[RecordedRun], steps: list[ServerSteps]
+                      ) -> tuple[list[RecordedRun], list[ServerSteps], _SharedRuns]:
+    """``FitOptions.server_shared_context``: the server runs whose decode steps read no shared prefix (they fit every
+    other term), and those that do, with each step's shared tokens (they fit the fraction alone)."""
+    counts = [decode_shared_tokens(r, s) for r, s in zip(used, steps, strict=True)]
+    shared = [(r, s, c) for r, s, c in zip(used, steps, counts, strict=True) if c.any()]
+    kept = [(r, s) for r, s, c in zip(used, steps, counts, strict=True) if not c.any()]
+    if not kept:
+        raise CalibrationError("server_shared_context fits the other server terms on the server runs whose decode "
+                               f"steps read no shared prefix, and all {len(shared)} given do")
+    return [r for r, _ in kept], [s for _, s in kept], shared
+
+
+def _with_shared_fraction(coefficients: StepTimeCoefficients, shared_runs: _SharedRuns,
+                          source_label: Callable[[Path], str]) -> tuple[StepTimeCoefficients, str]:
+    """``coefficients`` with the decode ``shared_context_fraction`` that ``shared_runs`` give against them
+    (``fit_shared_fraction``; unchanged without such a run), and the note that says so."""
+    if not shared_runs:
+        return coefficients, " shared_context_fraction: not fitted, no server run given reads a shared prefix in its " \
+                             "decode steps."
+    try:
+        f, n, k = fit_shared_fraction(
+            step_time_model_of(coefficients), [sh for _, s, _ in shared_runs for sh in s.shapes],
+            np.concatenate([s.elapsed_s for _, s, _ in shared_runs]), np.concatenate([c for _, _, c in shared_runs]),
+            np.concatenate([np.full(len(s.shapes), j) for j, (_, s, _) in enumerate(shared_runs)]))
+    except ValueError as exc:
+        raise CalibrationError(f"cannot fit server_shared_context: {exc}") from exc
+    labels = ", ".join(source_label(r.path) for r, _, _ in shared_runs)
+    note = (f" shared_context_fraction: {f:.2f}, least squared log error over {n} decode-only steps with shared "
+            f"context in {k} run{'' if k == 1 else 's'} ({labels}; kept out of the other terms), each run's "
+            f"decode-only steps at the run's own speed level.")
+    return coefficients.model_copy(update={
+        "decode": coefficients.decode.model_copy(update={"shared_context_fraction": f})}), note
+
+
 @dataclass
 class ServerFit:
     front_end: ServerFrontEnd
@@ -462,16 +500,9 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
             refused.append(str(exc))
     if not steps:
         raise CalibrationError("no usable server run:\n  " + "\n  ".join(refused))
-    shared_runs: list[tuple[RecordedRun, ServerSteps, np.ndarray]] = []
+    shared_runs: _SharedRuns = []
     if options.server_shared_context:  # runs whose decode steps read shared prefixes fit the fraction alone
-        counts = [decode_shared_tokens(r, s) for r, s in zip(used, steps, strict=True)]
-        shared_runs = [(r, s, c) for r, s, c in zip(used, steps, counts, strict=True) if c.any()]
-        kept = [(r, s) for r, s, c in zip(used, steps, counts, strict=True) if not c.any()]
-        if not kept:
-            raise CalibrationError(
-                "server_shared_context fits the other server terms on the server runs whose decode steps read no "
-                f"shared prefix, and all {len(shared_runs)} given do")
-        used, steps = [r for r, _ in kept], [s for _, s in kept]
+        used, steps, shared_runs = _set_apart_shared(used, steps)
     samples = [front_end_samples(s) for s in steps]
     gaps, chunks, s_firsts, s_lasts = (np.concatenate([x[i] for x in samples]) for i in range(4))
     s_sent = np.concatenate([front_end_sent(s) for s in steps])
@@ -545,23 +576,9 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
                      f"for at least {IDLE_AFTER_S * 1e3:.0f} ms, their steps left out of the regimes" + (
                          f" (quartiles {', '.join(f'{q * 1e3:.2f}' for q in np.quantile(excess, [0.25, 0.75]))} ms)."
                          if excess else "."))
-    shared_note = (" shared_context_fraction: not fitted, no server run given reads a shared prefix in its decode "
-                   "steps." if options.server_shared_context and not shared_runs else "")
-    if shared_runs:
-        try:
-            f, n, k = fit_shared_fraction(
-                step_time_model_of(coefficients), [sh for _, s, _ in shared_runs for sh in s.shapes],
-                np.concatenate([s.elapsed_s for _, s, _ in shared_runs]),
-                np.concatenate([c for _, _, c in shared_runs]),
-                np.concatenate([np.full(len(s.shapes), j) for j, (_, s, _) in enumerate(shared_runs)]))
-        except ValueError as exc:
-            raise CalibrationError(f"cannot fit server_shared_context: {exc}") from exc
-        coefficients = coefficients.model_copy(update={
-            "decode": coefficients.decode.model_copy(update={"shared_context_fraction": f})})
-        labels = ", ".join(source_label(r.path) for r, _, _ in shared_runs)
-        shared_note = (f" shared_context_fraction: {f:.2f}, least squared log error over {n} decode-only steps with "
-                       f"shared context in {k} run{'' if k == 1 else 's'} ({labels}; kept out of the other terms), "
-                       f"each run's decode-only steps at the run's own speed level.")
+    shared_note = ""
+    if options.server_shared_context:
+        coefficients, shared_note = _with_shared_fraction(coefficients, shared_runs, source_label)
     resid = gaps - (base_s + per_chunk_s * chunks + per_first_s * s_firsts + per_last_s * s_lasts
                     + per_in_s * s_sent)
     ends_note = (f" + {per_first_s * 1e3:.3f} ms per stream opened + {per_last_s * 1e3:.3f} ms per stream closed "

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from twin.calibration.recorded import RecordedRun
+from twin.engine_profiles.profile import SharedContextStepTime
 from twin.engine_profiles.step import StepShape, prefill_attention_work, repeated_reads
 
 
@@ -176,8 +177,6 @@ def fit_shared_fraction(model: Any, shapes: Sequence[StepShape], elapsed_s: np.n
     steps with shared context say against the steps of the same run without it. ``runs``: each step's run; only the
     runs with shared context count. Returns the fraction, the number of decode-only steps with shared context and
     the number of runs."""
-    from twin.engine_profiles.profile import SharedContextStepTime
-
     decode = np.asarray([not sh.prefill_requests and sh.decode_requests > 0 for sh in shapes]) & (elapsed_s > 0)
     with_shared = np.unique(runs[decode & (shared > 0)])
     idx = np.flatnonzero(decode & np.isin(runs, with_shared))
