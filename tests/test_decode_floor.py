@@ -1,5 +1,6 @@
 """The decode regime's batch floor (`twin calibrate --decode-floor`, `DecodeCoefficients.floor_requests`): a decode
-step of fewer requests than the floor costs what one of the floor does (docs/calibration.md, "A batch floor")."""
+step of fewer requests than the floor costs what one of the floor does (docs/calibration-sessions.md, "A batch
+floor")."""
 
 from __future__ import annotations
 

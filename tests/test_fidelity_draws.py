@@ -1,6 +1,6 @@
 """``twin fidelity --draws K``: each run replayed with K draws of the profile's step-time noise, the twin's value of
 a timing item the median over them (its prediction rather than one sample of its own spread), an exact item
-passing only where every draw matches; docs/calibration.md, "The twin's value over noise draws"."""
+passing only where every draw matches; docs/calibration-sessions.md, "The twin's value over noise draws"."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The server section's optional idle-wake term (``twin calibrate --idle-wake``): what it fits on a committed
 session's sweep, that a replay adds it to the first step after an idle spell only, and that it stays out of a
-profile unless fitted (docs/calibration.md, "A quiet server's first step")."""
+profile unless fitted (docs/calibration-sessions.md, "A quiet server's first step")."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The server front end's optional time per request sent while a step runs (``twin calibrate --intake``): the fit
 recovers a known term, the reconstruction counts each send in the one step it fell in, a committed sweep gives the
 term, a replay adds it to each step by the sends inside that step, and a profile keeps it out of its file unless
-fitted (docs/calibration.md, "The front end's time per request taken in")."""
+fitted (docs/calibration-sessions.md, "The front end's time per request taken in")."""
 
 from __future__ import annotations
 

@@ -163,7 +163,8 @@ def test_the_first_long_prefill_runs_at_the_fit_only_after_the_prefill_warm_up(s
 def _offline_first_step_ratio(root: Path) -> float:
     """A committed session's offline sweep runs (those without preemption, which the log alone reconstructs): the
     median over runs of the first step's recorded time / the session's offline fit, over the same ratio's median
-    over the run's steps, so the host's level in each run cancels (docs/calibration.md, "An offline warm-up")."""
+    over the run's steps, so the host's level in each run cancels (docs/calibration-sessions.md, "An offline
+    warm-up")."""
     fit = load_profile(str(root / "cpu-tiny-llama.yaml")).spec.step_time
     firsts = []
     for run in sorted(root.glob("calibration/sweep-*")):

@@ -1,5 +1,5 @@
-"""The sweep's fourth server run, ``sweep-server-context`` (since 2026-12-06; docs/calibration.md, "Decode context apart
-from batch in the server sweep"), on the two cpu-small-llama sessions recorded with it
+"""The sweep's fourth server run, ``sweep-server-context`` (since 2026-12-06; docs/calibration-sessions.md,
+"Decode context apart from batch in the server sweep"), on the two cpu-small-llama sessions recorded with it
 (tests/fixtures/calibration/cpu-small-llama-context*, SOURCES.md there).
 
 In the three rate runs a decode step's context grows with its batch (about the same context a request at any rate),

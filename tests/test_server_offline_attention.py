@@ -1,6 +1,6 @@
 """``FitOptions.server_offline_attention`` / ``twin calibrate --server-offline-attention``: the server section's
 attention term is the offline fit's times the server runs' speed against the offline model, the other server terms
-fitted on the server runs (docs/calibration.md, "The server fit's attention term from the offline fit")."""
+fitted on the server runs (docs/calibration-sessions.md, "The server fit's attention term from the offline fit")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``FitOptions.server_scaled_offline`` / ``twin calibrate --server-scaled-offline``: the server section's step time
 is the offline fit's regimes times one factor, the median of measured over offline-predicted model time of the
-server runs' steps (docs/calibration.md, "The server section from the offline terms")."""
+server runs' steps (docs/calibration-sessions.md, "The server section from the offline terms")."""
 
 from __future__ import annotations
 

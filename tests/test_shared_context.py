@@ -1,4 +1,4 @@
-"""Shared prefixes in decode steps (docs/calibration.md, "Shared prefixes in decode steps").
+"""Shared prefixes in decode steps (docs/calibration-sessions.md, "Shared prefixes in decode steps").
 
 In the recorded CPU server runs a decode step whose requests read the same cached prefix ran faster than its context
 says. ``DecodeCoefficients.shared_context_fraction`` times a context token another decode item of the step reads too

@@ -70,7 +70,7 @@ def test_a_slower_model_is_flagged_everywhere_it_is_clearly_off(report: dict, tm
 
 def test_the_idle_wake_is_the_bias_this_session_shows(report: dict) -> None:
     """In these runs the server's first step after an idle engine runs ~1.2x its fitted time (1.5x over the whole
-    session; docs/calibration.md, "A quiet server's first step") while its decode steps sit on the model."""
+    session; docs/calibration-sessions.md, "A quiet server's first step") while its decode steps sit on the model."""
     bins = _bins(report)
     wake = bins[("server", "after an idle engine (server)", "idle wake")]
     assert wake["biased"] and wake["ci"][0] > 1.1

@@ -1,7 +1,7 @@
 """The server front end's optional time per stream opened and closed (``twin calibrate --stream-ends``): the fit
 recovers known terms, the reconstruction counts each request's first and last chunk once, a committed sweep
 gives both terms, a replay adds them to exactly the steps that send a first or a last token, and a profile keeps
-them out of its file unless fitted (docs/calibration.md, "Streams opened and closed")."""
+them out of its file unless fitted (docs/calibration-sessions.md, "Streams opened and closed")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Per-request TTFT rows of server runs (twin.calibration.ttft): they are the recording and the replay that `twin
-fidelity` compares, and they show what docs/calibration.md ("The server TTFT tail on the prefix mix") reads from
-them: the prefix mix's TTFT p90 is low where the run started cold."""
+fidelity` compares, and they show what docs/calibration-sessions.md ("The server TTFT tail on the prefix mix")
+reads from them: the prefix mix's TTFT p90 is low where the run started cold."""
 
 from __future__ import annotations
 

@@ -222,7 +222,7 @@ class IntakeExtra:
     """A server run's step-time model plus the front end's time per request the client sends while a step runs (a
     profile's ``server.per_request_in_s``, fitted with ``twin calibrate --intake``: in the recorded CPU server runs
     the next tokens came about 0.7 ms later for each request sent during the step, the API server parsing,
-    tokenizing and handing it to the engine core on the core the engine shares; docs/calibration.md, "The front
+    tokenizing and handing it to the engine core on the core the engine shares; docs/calibration-sessions.md, "The front
     end's time per request taken in"). ``sends_s`` are the recorded client send times, on the replay's clock. The
     replica asks ``stretch_step`` with each step's start and duration; a step that grows can take in more sends, so
     the count is iterated to its fixed point. It needs each step's start, so replays that use it run without decode
@@ -352,7 +352,7 @@ class IdleWakeExtra:
     """A step-time model whose first step after the engine sat idle for at least ``idle_after_s`` takes
     ``idle_wake_s`` longer (a server section's fitted ``idle_wake_s``: in recorded CPU server runs, a request sent
     to a quiet server got its first token a few ms later than one sent while it was busy, most of it in that
-    step's own recorded time; docs/calibration.md, "A quiet server's first step"). The replica reports each
+    step's own recorded time; docs/calibration-sessions.md, "A quiet server's first step"). The replica reports each
     idle spell through ``woke_after_idle``; the step after it is always a single step (a prefill). Replays only:
     the fleet simulation never builds it."""
 

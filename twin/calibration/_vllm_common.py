@@ -237,7 +237,7 @@ def speed_probe(cpus: list[int]) -> dict:
     ``PROBE_TRIALS`` trials of a fixed bf16 workload shaped like a small decode step (``PROBE_LAYERS`` of two matrix
     products, a gated activation and a norm on 16 rows of 256), on one thread bound to ``cpus``, with the engine
     idle. On a shared VM the host's other tenants move the engine's speed by up to ~1.5x between recordings
-    minutes apart, without load or steal time to show it (docs/calibration.md, "Pinning the front end"); this
+    minutes apart, without load or steal time to show it (docs/calibration-sessions.md, "Pinning the front end"); this
     measures it beside each run. Needs torch (the vLLM environment); the calling thread's affinity and torch's
     thread count are restored afterwards."""
     import torch
@@ -323,8 +323,8 @@ def prefill_warmup_requests(engine: dict, block_size: int, num_blocks: int | Non
 
     A fresh engine runs its first long prefill slow as well as its first decode batch sizes: in the server
     recordings of 2026-11-29 (late) to 2026-12-02 a run's first step of 256+ prefill tokens took 1.3-2.1x the
-    server fit (each session's median) and its later ones ~1.0x (docs/calibration.md, "The first long prefill of a
-    fresh server"), and an offline ``LLM``'s 1.3-3.6x the offline fit; one-token warm-up requests never reach that
+    server fit (each session's median) and its later ones ~1.0x (docs/calibration-sessions.md, "The first long
+    prefill of a fresh server"), and an offline ``LLM``'s 1.3-3.6x the offline fit; one-token warm-up requests never reach that
     path. So the warm-up also sends
     (1) one prompt as long as the engine admits (``max_model_len`` - 2 tokens, chunked at the budget where it is
         longer), the largest prefill step the run can make;
@@ -379,7 +379,7 @@ def rehearsal_requests(requests: list[dict], max_tokens: int = 4) -> list[dict]:
     as many prompts as fit, then the largest decode batch) are its largest, and a fresh engine runs a step of a
     size it has not run yet slow: without a warm-up the first step of an offline run took 1.5-3.3x the later steps'
     level, and after the long prompts of :func:`prefill_warmup_requests` still 1.5-2.1x where it held 46 prompts
-    (docs/calibration.md, "An offline warm-up"). Each prompt starts with a tag unique to it (``WARMUP_IDS[1]``,
+    (docs/calibration-sessions.md, "An offline warm-up"). Each prompt starts with a tag unique to it (``WARMUP_IDS[1]``,
     ``WARMUP_IDS[0]``, then its index in 16 binary digits of the two ids) and is filled with ``WARMUP_IDS[0]``, so
     no two share a block, none shares a block with the long prompts (whose first blocks are all one id) and none
     with the run (whose ids start at 3).

@@ -134,8 +134,8 @@ def warm_up(base: str, model: str, engine: dict, cache_info: dict[str, str], tim
 
     As ``vllm bench serve`` does its initial test prompt: a fleet's servers are warm, a freshly started ``vllm
     serve`` is not (its first requests came 5-37 ms later than the server model in 2026-11-29 recordings,
-    docs/calibration.md, "The server TTFT tail"; a decode step at a batch size not yet seen ran 1.3-1.6x slower;
-    its first long prefill 1.3-2.1x, "The first long prefill of a fresh server"). The ``/metrics`` baseline and
+    docs/calibration-sessions.md, "The server TTFT tail"; a decode step at a batch size not yet seen ran 1.3-1.6x
+    slower; its first long prefill 1.3-2.1x, "The first long prefill of a fresh server"). The ``/metrics`` baseline and
     the iteration log are taken after the warm-up, so neither counts it. Returns
     :func:`_vllm_common.warmup_summary` of what was sent.
     """

@@ -20,7 +20,7 @@ Each run is replayed twice with the engine settings of its own run.json: with th
   other. A stricter rule is reported beside it (``summary.strict``): the tolerance widened only by the
   repeats' largest deviation from their own mean. Under that rule even an exact prediction of the repeats'
   mean can fail (its error is relative to the run, the deviation to the mean), so the report also counts how
-  many items the repeats' mean itself passes there (docs/calibration.md, "The spread rule").
+  many items the repeats' mean itself passes there (docs/calibration-sessions.md, "The spread rule").
 
 Pass/fail is judged on the profile replay; the recorded-step-time replay is reported beside it. Server-mode
 runs replayed with a profile that has a ``server`` section get the API front end in both replays
@@ -351,8 +351,8 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
 def _cold_start(rec: RecordedRun, server: ServerFrontEnd) -> dict[str, Any] | None:
     """How much later a server run's first token came than the server section puts it, and the requests sent before
     it (``twin.calibration.ttft.cold_start``): a freshly started server's first requests are slow, and where more
-    requests come in meanwhile the first few land in the TTFT tail (docs/calibration.md, "The server TTFT tail on the
-    prefix mix"). None when the run's steps cannot be reconstructed (preemptions)."""
+    requests come in meanwhile the first few land in the TTFT tail (docs/calibration-sessions.md, "The server TTFT
+    tail on the prefix mix"). None when the run's steps cannot be reconstructed (preemptions)."""
     from twin.calibration.server import ReconstructionError
     from twin.calibration.ttft import cold_start
 

@@ -335,7 +335,7 @@ def arrival_bounds(rec: RecordedRun, steps: ServerSteps, *, front_end_s: float,
 # A request reaching an engine that has run no step for at least this long is an idle wake (the profile's
 # ``server.idle_wake_s``, fitted with ``twin calibrate --idle-wake``). In the committed CPU server runs the first
 # step of a request sent to an idle engine ran +0.7 to +1.7 ms over the server fit (medians) after 0-20 ms of idle
-# time and +1.7 to +2.7 ms after more than 20 ms (docs/calibration.md, "A quiet server's first step").
+# time and +1.7 to +2.7 ms after more than 20 ms (docs/calibration-sessions.md, "A quiet server's first step").
 IDLE_AFTER_S = 0.02
 
 

@@ -13,7 +13,7 @@ step, its recorded time, and the wait from the send until the step before it str
 replayed (``twin.replay.replay``, as ``twin fidelity`` replays it). Per run it also gives the cold start: how much
 later the first request's first token came than the profile's server section puts it
 (``calibrate.first_step_excess_s``, the quantity ``--first-step`` fits) and how many requests were sent before
-that token came. docs/calibration.md ("The server TTFT tail on the prefix mix") reads these rows.
+that token came. docs/calibration-sessions.md ("The server TTFT tail on the prefix mix") reads these rows.
 """
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ FIXTURES: dict[str, WorkloadSpec] = {
 # ---------------------------------------------------------------------------------------------------
 # Calibration sweep: one axis at a time, offline (exact step composition) on cpu-tiny-llama, plus four server
 # runs for the server front end and the server step time: three arrival rates (the third, 24 req/s, since 2026-12-04:
-# docs/calibration.md, "A busier server run in the sweep") and a held batch with contexts apart from it (since
+# docs/calibration-sessions.md, "A busier server run in the sweep") and a held batch with contexts apart from it (since
 # 2026-12-06: "Decode context apart from batch in the server sweep").
 CALIBRATION_SWEEP: dict[str, WorkloadSpec] = {
     w.name: w
@@ -297,7 +297,8 @@ DIAGNOSTIC: dict[str, WorkloadSpec] = {
         # A server prefix mix (not the held-out one: three 384-token prefixes on 70 % of the requests), and the same
         # with each sharing request's prefix its own (drawn from 4096, so none repeats): the same prompt lengths,
         # outputs and send times. Decode steps that read a shared prefix against steps without one; the first fits
-        # the server section's shared_context_fraction (docs/calibration.md, "Shared prefixes in decode steps").
+        # the server section's shared_context_fraction (docs/calibration-sessions.md, "Shared prefixes in decode
+        # steps").
         _w("diag-prefix-mix-shared", seed=212, num_requests=48, shared_prefix=_THREE_PREFIXES, **_PREFIX_MIX,
            description="server, Poisson 10 req/s, three 384-token prefixes weighted 2:1:1, on 70% of requests"),
         _w("diag-prefix-mix-unique", seed=212, num_requests=48, **_PREFIX_MIX,
@@ -305,8 +306,8 @@ DIAGNOSTIC: dict[str, WorkloadSpec] = {
            description="diag-prefix-mix-shared with each sharing request's 384-token prefix drawn from 4096 (unique)"),
         # The sweep's fifth server run for one session (2026-12-06, commit 39b6449), recorded by the one command in
         # tests/fixtures/calibration/cpu-small-llama-freshclone-prefix: it fitted the server section's
-        # shared_context_fraction, which that session's held-out runs then rejected (docs/calibration.md, "Shared
-        # prefixes in decode steps"). Three system prompts, as diag-prefix-mix-shared, with other requests and more.
+        # shared_context_fraction, which that session's held-out runs then rejected (docs/calibration-sessions.md,
+        # "Shared prefixes in decode steps"). Three system prompts, as diag-prefix-mix-shared, with other requests and more.
         _w("sweep-server-prefix", seed=113, num_requests=64, shared_prefix=_THREE_PREFIXES, **_PREFIX_MIX,
            description="server, Poisson 10 req/s, three 384-token prefixes weighted 2:1:1, on 70% of requests"),
     ]
@@ -344,7 +345,7 @@ def session_plan(heldout_repeats: int) -> list[tuple[str, str]]:
     The sweep and the held-out repeats are interleaved, and the sweep's server runs spread among its
     offline ones, rather than recorded one set after the other: on a shared VM the host's speed drifts over
     minutes, and a sweep recorded in one stretch gives the fit that stretch's speed while the held-out runs
-    see the next ones (docs/calibration.md, "Interleaved recording"). Spread through the session, the fit's
+    see the next ones (docs/calibration-sessions.md, "Interleaved recording"). Spread through the session, the fit's
     runs see the same mix of the host's speeds as the held-out runs they are judged on.
     """
     if heldout_repeats < 1:

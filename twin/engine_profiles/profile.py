@@ -71,7 +71,7 @@ class DecodeCoefficients(_Frozen):
     Four optional terms (0 unless fitted on request, ``twin calibrate --decode-*``; left out of the file when 0, so
     a profile without them is the plain linear model): ``floor_requests``, a batch floor: the per-request term
     counts ``max(decode_requests, floor_requests)`` requests (a decode step of a few requests costs what one of
-    ``floor_requests`` does: measured on the CPU runs, cause not traced; docs/calibration.md, "A batch floor");
+    ``floor_requests`` does: measured on the CPU runs, cause not traced; docs/calibration-sessions.md, "A batch floor");
     ``single_request_s`` when exactly one request decodes,
     ``per_context_token_sq_s * decode_context_tokens**2 / decode_requests`` (attention whose cost per token grows
     with each request's context), and ``batch_change_s``, added by replays (never the fleet simulation) to a
@@ -227,7 +227,7 @@ class SharedContextStepTime:
 
     A step's ``decode_shared_tokens`` are context tokens in KV blocks that another decode item of the same step
     reads too, beyond each block's first reader: requests that hit the same cached prefix read the same blocks. In
-    the recorded CPU server runs such steps ran faster than their context says (docs/calibration.md, "Shared
+    the recorded CPU server runs such steps ran faster than their context says (docs/calibration-sessions.md, "Shared
     prefixes in decode steps"). The step is timed as the same step with ``(1 - fraction) * decode_shared_tokens``
     fewer context tokens, in every regime and term that reads the decode context. Only replays count the tokens
     (``twin.replay.SharedContextExtra``); a shape without them, and every decode run, is timed by the base model.
