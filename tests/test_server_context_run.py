@@ -1,6 +1,7 @@
 """The sweep's fourth server run, ``sweep-server-context`` (since 2026-12-06; docs/calibration-sessions.md,
 "Decode context apart from batch in the server sweep"), on the two cpu-small-llama sessions recorded with it
-(tests/fixtures/calibration/cpu-small-llama-context*, SOURCES.md there).
+(tests/fixtures/calibration/cpu-small-llama-context*, SOURCES.md there), and on the cpu-tiny-llama sessions of the
+one command with it (cpu-tiny-llama-context, cpu-tiny-llama-freshclone-context).
 
 In the three rate runs a decode step's context grows with its batch (about the same context a request at any rate),
 so the server fit cannot tell the two terms apart; the context run holds the batch at 8 while whole prompts of
@@ -22,8 +23,9 @@ from twin.calibration.server import reconstruct
 from twin.calibration.workload_sets import CALIBRATION_SWEEP
 from twin.engine_profiles import load_profile
 from twin.engine_profiles.derive import write_spec
+from twin.engine_profiles.profile import step_time_model_of
 
-from calibkit import check_refit, check_table, held_out_table, sweep_runs
+from calibkit import REPEATS, check_refit, check_table, held_out_table, latency_passed, sweep_runs
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "calibration"
 SESSIONS = [FIXTURES / "cpu-small-llama-context", FIXTURES / "cpu-small-llama-context2"]
@@ -104,3 +106,42 @@ def test_the_tiny_models_session_with_the_run() -> None:
     check_table(report, table)
     assert (table["summary"]["passed"], table["summary"]["items"]) == (143, 160)
     assert table["summary"]["recorded_steps"]["passed"] == 122
+
+
+FRESH_TINY = FIXTURES / "cpu-tiny-llama-freshclone-context"  # the default one command from a fresh clone of 13e95d2
+
+
+def test_the_default_one_command_from_a_fresh_clone() -> None:
+    """`scripts/calibrate-cpu.sh --heldout-repeats 4` (cpu-tiny-llama, the default) from a fresh clone (SOURCES.md
+    there): its profile is the fit of its sweep and its table is what fidelity gives today: 155 of 160 items, 71 of 72
+    latency items, twin* 128 of 128."""
+    runs = sweep_runs(FRESH_TINY)
+    assert len(runs) == 11
+    committed = load_profile(str(FRESH_TINY / "cpu-tiny-llama.yaml")).spec
+    assert committed.provenance.command.endswith("--server-offline-attention --decode-floor")
+    check_refit(committed, calibrate(runs, name="cpu-tiny-llama", command="test", options=OPTIONS).spec)
+    table = json.loads((FRESH_TINY / "fidelity-held-out.json").read_text())
+    check_table(held_out_table(FRESH_TINY, str(FRESH_TINY / "cpu-tiny-llama.yaml")), table)
+    assert (table["summary"]["passed"], table["summary"]["items"]) == (155, 160)
+    assert table["summary"]["recorded_steps"]["passed"] == 128
+    assert latency_passed(table) == 71
+
+
+def _decode_level(run: Path, model) -> float:  # noqa: ANN001 (a step-time model)
+    """Median over a server run's decode-only steps of the recorded model time / the model's."""
+    s = reconstruct(load_recorded_run(run))
+    return float(np.median([el / (model.step_time_s(sh) - model.overhead_s) for sh, el in zip(s.shapes, s.elapsed_s)
+                            if sh.prefill_requests == 0 and sh.decode_requests > 0 and el > 0]))
+
+
+def test_its_held_out_server_runs_ran_slower_than_its_sweeps_server_runs() -> None:
+    """Where that session's twin is fast: recorded interleaved, its four sweep server runs' decode steps sit on the fit
+    (medians 1.00-1.04), and all eight held-out server runs' ran slower (1.06-1.46), at the same batch and context;
+    the host's speed probe read the same before and after every run. The session of stop 49 (cpu-tiny-llama-context)
+    had its held-out runs at 0.86-1.07 of its fit."""
+    model = step_time_model_of(load_profile(str(FRESH_TINY / "cpu-tiny-llama.yaml")).spec.server.step_time)
+    sweep = [_decode_level(r, model) for r in sweep_runs(FRESH_TINY) if r.name.startswith("sweep-server-")]
+    held = [_decode_level(FRESH_TINY / rep / w, model) for rep in REPEATS
+            for w in ("heldout-server-bursty", "heldout-server-prefix-mix")]
+    assert len(sweep) == 4 and all(0.99 <= x <= 1.05 for x in sweep), sweep
+    assert min(held) >= 1.05 and np.median(held) >= 1.18, held
