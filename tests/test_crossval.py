@@ -118,7 +118,7 @@ def test_the_prefill_per_request_term_is_fitted_and_applied() -> None:
 def test_profiles_without_the_new_terms_write_and_model_as_before(tmp_path: Path) -> None:
     for name in list_profiles():
         prof = load_profile(name)
-        if name == "cpu-small-llama":  # the one shipped profile with a decode term: its batch floor
+        if name in ("cpu-small-llama", "cpu-tiny-llama"):  # the shipped profiles with a decode term: a batch floor
             assert prof.spec.step_time.decode.floor_requests > 1
             assert type(prof.step_time_model()) is DecodeTermsStepTime
         else:

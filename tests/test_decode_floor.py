@@ -82,7 +82,7 @@ def test_a_linear_decode_regime_gets_no_floor() -> None:
 
 
 def test_the_floor_is_written_only_when_set(tmp_path: Path) -> None:
-    spec = load_profile("cpu-tiny-llama").spec
+    spec = load_profile("llama3-8b-bf16-tp1-h100").spec  # a profile without a floor
     write_spec(spec, tmp_path / "p.yaml")
     assert "floor_requests" not in (tmp_path / "p.yaml").read_text()
     dec = spec.step_time.decode.model_copy(update={"floor_requests": 4})

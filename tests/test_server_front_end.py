@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
-from twin.calibration.calibrate import calibrate, fit_server, replay_recorded
+from twin.calibration.calibrate import FitOptions, calibrate, fit_server, replay_recorded
 from twin.calibration.fidelity import fidelity
 from twin.calibration.recorded import load_recorded_run
 from twin.calibration.server import (
@@ -126,8 +126,10 @@ def test_shipped_server_section_is_fitted_from_server_runs_that_are_not_held_out
     for src in sources:
         assert load_recorded_run(src).run.mode == "server"
         assert "held-out" not in str(src) and "heldout" not in src.name
+    # fitted as the one command fits: the server attention term from the shipped offline fit, a decode batch floor
     refit = fit_server([load_recorded_run(s) for s in sources], command="test", generated_on="2026-11-29",
-                       source_label=str).front_end
+                       source_label=str, options=FitOptions(server_offline_attention=True, decode_floor=True),
+                       offline=prof.spec.step_time).front_end
     assert refit.arrival_s == pytest.approx(sv.arrival_s, abs=1e-12)
     assert refit.per_chunk_s == pytest.approx(sv.per_chunk_s, rel=1e-9, abs=1e-15)
     for regime in ("decode", "prefill"):
