@@ -139,11 +139,13 @@ def step_residuals(run_dirs: Sequence[str | Path], *, profile: str, bias: float 
         except Unpaired as exc:
             skipped.append({"run": str(rec.path), "reason": str(exc)})
             continue
-        used.append({"run": str(rec.path), "section": section, "steps": len(shapes)})
         rows = collected.setdefault(section, [])
+        mine = []
         for i, (shape, r, m) in enumerate(zip(shapes, recorded.tolist(), model.tolist(), strict=True)):
             if r > 0 and m > 0:  # (a shared CPU logs the odd step as 0 ms: its time went to a neighbour)
-                rows.append(_Step(shape, r, m, i in wakes, i == 0))
+                mine.append(_Step(shape, r, m, i in wakes, i == 0))
+        rows += mine
+        used.append({"run": str(rec.path), "section": section, "steps": len(shapes), **_run_level(rec, mine, bias)})
     sections = []
     for section in ("offline", "server"):
         rows = collected.get(section)
@@ -165,6 +167,26 @@ def step_residuals(run_dirs: Sequence[str | Path], *, profile: str, bias: float 
     return {"profile": profile, "profile_name": prof.name, "bias": bias, "runs": used, "skipped": skipped,
             "sections": sections,
             "biased_bins": sum(b["biased"] for s in sections for v in s["views"] for b in v["bins"])}
+
+
+def _run_level(rec: RecordedRun, rows: list[_Step], bias: float) -> dict[str, Any]:
+    """One run's level: its decode and its prefill-carrying steps binned whole (``decode``, ``prefill``; None
+    without such steps), and the recorder's speed probe before and after it (``speed_probe_ms``, the median trial;
+    None where the run has none). A run whose decode steps sit off the model while the others' do not ran at its own
+    speed (another host, a slower start, a neighbour), which no term of the model can follow; one whose probe read
+    slow ran on a slow host."""
+    level: dict[str, Any] = {}
+    for regime in ("decode", "prefill"):
+        pairs = np.asarray([(x.recorded_s, x.model_s) for x in rows if (x.shape.prefill_requests > 0) ==
+                            (regime == "prefill")]).reshape(-1, 2)
+        level[regime] = _bin(regime, pairs[:, 0] / pairs[:, 1], pairs[:, 0] - pairs[:, 1], bias) if len(pairs) \
+            else None
+    probe = (rec.run.workload or {}).get("speed_probe") or {}
+    try:
+        level["speed_probe_ms"] = [float(probe[k]["median_s"]) * 1e3 for k in ("before", "after")]
+    except (KeyError, TypeError, ValueError):  # no probe, or one that failed ({"error": ...})
+        level["speed_probe_ms"] = None
+    return level
 
 
 def _binned(rows: list[_Step], key: Callable[[_Step], str], bias: float) -> list[dict[str, Any]]:
@@ -196,6 +218,21 @@ def format_residuals(report: dict[str, Any]) -> str:
                 lines.append(f"    {b['bin']:>20s}  {b['steps']:6d} steps  median {b['median_ratio']:5.2f}  "
                              f"IQR {b['q1']:4.2f}-{b['q3']:4.2f}  95% {ci}  excess {b['median_excess_ms']:+7.2f} ms"
                              f"{'  BIASED' if b['biased'] else ''}")
+    if report["runs"]:
+        lines.append("\nby run (median recorded / model of its decode and its prefill steps; the speed probe's median "
+                     "trial before and after it)")
+        for r in report["runs"]:
+            name = "/".join(Path(r["run"]).parts[-2:])
+            cells = []
+            for regime in ("decode", "prefill"):
+                b = r.get(regime)
+                cells.append(f"{regime} {'  n/a' if b is None else format(b['median_ratio'], '5.2f')} "
+                             f"({0 if b is None else b['steps']:4d}){'*' if b is not None and b['biased'] else ' '}")
+            probe = r.get("speed_probe_ms")
+            cells.append("probe n/a" if probe is None else f"probe {probe[0]:.2f} / {probe[1]:.2f} ms")
+            lines.append(f"  {name:<48s} {r['section']:<7s} " + "  ".join(cells))
+        lines.append("  (* the run's median is biased: its 95 % interval outside 1 +- "
+                     f"{report['bias']:.0%})")
     for sk in report["skipped"]:
         lines.append(f"skipped {sk['run']}: {sk['reason']}")
     lines.append(f"\n{report['biased_bins']} biased bin(s) over {sum(s['steps'] for s in report['sections'])} steps "
