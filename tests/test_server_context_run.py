@@ -19,11 +19,11 @@ import pytest
 from twin.calibration.calibrate import FitOptions, calibrate
 from twin.calibration.fidelity import fidelity
 from twin.calibration.recorded import load_recorded_run
+from twin.calibration.residuals import step_residuals
 from twin.calibration.server import reconstruct
 from twin.calibration.workload_sets import CALIBRATION_SWEEP
 from twin.engine_profiles import load_profile
 from twin.engine_profiles.derive import write_spec
-from twin.engine_profiles.profile import step_time_model_of
 
 from calibkit import REPEATS, check_refit, check_table, held_out_table, latency_passed, sweep_runs
 
@@ -127,21 +127,14 @@ def test_the_default_one_command_from_a_fresh_clone() -> None:
     assert latency_passed(table) == 71
 
 
-def _decode_level(run: Path, model) -> float:  # noqa: ANN001 (a step-time model)
-    """Median over a server run's decode-only steps of the recorded model time / the model's."""
-    s = reconstruct(load_recorded_run(run))
-    return float(np.median([el / (model.step_time_s(sh) - model.overhead_s) for sh, el in zip(s.shapes, s.elapsed_s)
-                            if sh.prefill_requests == 0 and sh.decode_requests > 0 and el > 0]))
-
-
 def test_its_held_out_server_runs_ran_slower_than_its_sweeps_server_runs() -> None:
     """Where that session's twin is fast: recorded interleaved, its four sweep server runs' decode steps sit on the fit
-    (medians 1.00-1.04), and all eight held-out server runs' ran slower (1.06-1.46), at the same batch and context;
-    the host's speed probe read the same before and after every run. The session of stop 49 (cpu-tiny-llama-context)
-    had its held-out runs at 0.86-1.07 of its fit."""
-    model = step_time_model_of(load_profile(str(FRESH_TINY / "cpu-tiny-llama.yaml")).spec.server.step_time)
-    sweep = [_decode_level(r, model) for r in sweep_runs(FRESH_TINY) if r.name.startswith("sweep-server-")]
-    held = [_decode_level(FRESH_TINY / rep / w, model) for rep in REPEATS
-            for w in ("heldout-server-bursty", "heldout-server-prefix-mix")]
-    assert len(sweep) == 4 and all(0.99 <= x <= 1.05 for x in sweep), sweep
-    assert min(held) >= 1.05 and np.median(held) >= 1.18, held
+    (medians 1.00-1.04 of it, ``twin fidelity --steps``' by-run view), and all eight held-out server runs' ran slower
+    (1.06-1.46), at the same batch and context. The session of stop 49 (cpu-tiny-llama-context) had its held-out
+    server runs at 0.86-1.07 of its fit."""
+    runs = [r for r in sweep_runs(FRESH_TINY) if r.name.startswith("sweep-server-")]
+    runs += [FRESH_TINY / rep / w for rep in REPEATS for w in ("heldout-server-bursty", "heldout-server-prefix-mix")]
+    level = [r["decode"] for r in step_residuals(runs, profile=str(FRESH_TINY / "cpu-tiny-llama.yaml"))["runs"]]
+    sweep, held = [b["median_ratio"] for b in level[:4]], [b["median_ratio"] for b in level[4:]]
+    assert all(0.99 <= x <= 1.05 for x in sweep) and not any(b["biased"] for b in level[:4]), sweep
+    assert min(held) >= 1.05 and np.median(held) >= 1.18 and all(b["biased"] for b in level[4:]), held
