@@ -192,7 +192,8 @@ TINY_SESSIONS = [REPO_ROOT / "tests" / "fixtures" / "calibration" / f"cpu-tiny-l
 
 def test_shipped_cpu_tiny_llama_profile() -> None:
     """Since 2026-12-06 the shipped cpu-tiny-llama is the pooled fit of the two sessions of the one command with the
-    eleven-run sweep, as cpu-small-llama is of its two (docs/calibration-sessions.md, "The shipped cpu-tiny-llama refitted")."""
+    eleven-run sweep, as cpu-small-llama is of its two (docs/calibration-sessions.md, "The shipped cpu-tiny-llama
+    refitted")."""
     prof = load_profile("cpu-tiny-llama")
     m = prof.model
     assert (m.hidden_size, m.intermediate_size, m.num_layers, m.num_attention_heads, m.num_kv_heads, m.head_dim,

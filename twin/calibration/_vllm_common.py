@@ -324,8 +324,8 @@ def prefill_warmup_requests(engine: dict, block_size: int, num_blocks: int | Non
     A fresh engine runs its first long prefill slow as well as its first decode batch sizes: in the server
     recordings of 2026-11-29 (late) to 2026-12-02 a run's first step of 256+ prefill tokens took 1.3-2.1x the
     server fit (each session's median) and its later ones ~1.0x (docs/calibration-sessions.md, "The first long
-    prefill of a fresh server"), and an offline ``LLM``'s 1.3-3.6x the offline fit; one-token warm-up requests never reach that
-    path. So the warm-up also sends
+    prefill of a fresh server"), and an offline ``LLM``'s 1.3-3.6x the offline fit; one-token warm-up requests never
+    reach that path. So the warm-up also sends
     (1) one prompt as long as the engine admits (``max_model_len`` - 2 tokens, chunked at the budget where it is
         longer), the largest prefill step the run can make;
     (2) two prompts at once: one that hits (1)'s cached blocks for half its length and computes the rest after them

@@ -173,8 +173,9 @@ def _run_level(rec: RecordedRun, rows: list[_Step], bias: float) -> dict[str, An
     """One run's level: its decode and its prefill-carrying steps binned whole (``decode``, ``prefill``; None
     without such steps), and the recorder's speed probe before and after it (``speed_probe_ms``, the median trial;
     None where the run has none). A run whose decode steps sit off the model while the others' do not ran at its own
-    speed (another host, a slower start, a neighbour), which no term of the model can follow; one whose probe read
-    slow ran on a slow host."""
+    speed (another host, a slower start, a neighbour), which no term of the model can follow. The probe is a hint,
+    not a measure: before server runs it has read slow where the run then sat on the model (docs/calibration.md,
+    "Step-time residuals by regime")."""
     level: dict[str, Any] = {}
     for regime in ("decode", "prefill"):
         pairs = np.asarray([(x.recorded_s, x.model_s) for x in rows if (x.shape.prefill_requests > 0) ==

@@ -307,7 +307,8 @@ DIAGNOSTIC: dict[str, WorkloadSpec] = {
         # The sweep's fifth server run for one session (2026-12-06, commit 39b6449), recorded by the one command in
         # tests/fixtures/calibration/cpu-small-llama-freshclone-prefix: it fitted the server section's
         # shared_context_fraction, which that session's held-out runs then rejected (docs/calibration-sessions.md,
-        # "Shared prefixes in decode steps"). Three system prompts, as diag-prefix-mix-shared, with other requests and more.
+        # "Shared prefixes in decode steps"). Three system prompts, as diag-prefix-mix-shared, with other requests and
+        # more.
         _w("sweep-server-prefix", seed=113, num_requests=64, shared_prefix=_THREE_PREFIXES, **_PREFIX_MIX,
            description="server, Poisson 10 req/s, three 384-token prefixes weighted 2:1:1, on 70% of requests"),
     ]
