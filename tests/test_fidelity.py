@@ -109,14 +109,16 @@ def test_the_repeats_mean_passes_the_run_to_run_spread_but_not_always_the_strict
 
 
 def test_what_the_recorder_measured_does_not_split_repeats(tmp_path: Path) -> None:
-    """Repeats differ in the machine's speed probe and may differ in the pinning's thread counts; they are still
-    repeats of one workload (before this, the probe split every repeat into its own group: tolerances of 10 %)."""
+    """Repeats differ in the machine's speed probe and their warm-up's step times, and may differ in the pinning's
+    thread counts; they are still repeats of one workload (before this, the probe split every repeat into its own group: tolerances of 10 %)."""
     copies = []
     for i, probe_ms in enumerate((4.3, 6.3)):
         d = _copy(RUN, tmp_path / f"r{i}")
         run = json.loads((d / "run.json").read_text())
         run["workload"]["speed_probe"] = {"before": {"median_s": probe_ms / 1e3}, "after": {"median_s": probe_ms / 1e3}}
         run["workload"]["front_end_pinning"] = {"pinned": True, "threads": 60 + i}
+        run["workload"]["warmup_steps"] = {"ctx_requests": [1, 0], "ctx_tokens": [127, 0], "gen_requests": [0, 126],
+                                           "gen_tokens": [0, 126], "elapsed_ms": [9.0, 5.0 + i]}
         (d / "run.json").write_text(json.dumps(run))
         copies.append(load_recorded_run(d))
     assert workload_key(copies[0]) == workload_key(copies[1]) == workload_key(load_recorded_run(RUN))

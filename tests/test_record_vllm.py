@@ -114,6 +114,12 @@ def test_record_server(vllm_venv: Path, tmp_path: Path) -> None:
     assert warm["decode_requests"] == min(rec.run.max_num_seqs, rec.run.block_size - 1)
     assert warm["prefill_prompt_tokens"][0] == [rec.run.max_model_len - 2] and len(warm["prefill_prompt_tokens"]) == 2
     assert rec.run.workload["warmup_requests"] == warm["decode_requests"] + 3
+    # the warm-up's own steps are kept beside the run (workload.warmup_steps): its one-token prompts in (as they
+    # arrive), their decodes down to a batch of 1, and the long prompts' steps
+    steps = rec.run.workload["warmup_steps"]
+    assert sum(steps["ctx_tokens"]) >= warm["decode_requests"] + rec.run.max_model_len - 2
+    assert max(steps["gen_requests"]) >= warm["decode_requests"] // 2 and 1 in steps["gen_requests"]
+    assert min(steps["elapsed_ms"]) > 0
     assert rec.metric("prefix_cache_hits") == sum(r.num_cached_tokens or 0 for r in rec.requests)
     assert all(not r.request_id.startswith("warmup-") for r in rec.requests)
     assert rec.metric("prefix_cache_queries") == sum(r.prompt_tokens for r in rec.requests)

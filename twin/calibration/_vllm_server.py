@@ -206,6 +206,7 @@ def run_server(job: dict) -> None:
     full_log = log_path.read_text(errors="replace")
     run_lines = full_log.encode()[offset:].decode(errors="replace").splitlines()
     iterations = common.parse_iterations(run_lines)
+    warmup_rows = common.parse_iterations(full_log.encode()[:offset].decode(errors="replace").splitlines())
 
     num_gpu_blocks, source = None, None
     m = common.OVERRIDE_RE.search(full_log)
@@ -229,6 +230,9 @@ def run_server(job: dict) -> None:
     workload["num_gpu_blocks_source"] = source
     workload.update(common.warmup_fields(warmup))
     workload["front_end_pinning"] = pinning
+    if warmup_rows:
+        workload["warmup_steps"] = {k: [r[k] for r in warmup_rows]
+                                    for k in ("ctx_requests", "ctx_tokens", "gen_requests", "gen_tokens", "elapsed_ms")}
     if probe_before is not None:
         workload["speed_probe"] = {"before": probe_before, "after": probe_after}
     kv = common.KV_SIZE_RE.search(full_log)

@@ -112,7 +112,7 @@ def _values(rec: RecordedRun, result: Any, comparison: dict[str, Any], *, overhe
 
 
 # What the recorder measured about the machine during a run (not the workload): repeats differ in them.
-MEASURED_WORKLOAD_FIELDS = ("speed_probe", "front_end_pinning")
+MEASURED_WORKLOAD_FIELDS = ("speed_probe", "front_end_pinning", "warmup_steps")
 
 
 def workload_key(rec: RecordedRun) -> str:
