@@ -24,6 +24,8 @@ from twin.calibration.server import reconstruct
 from twin.calibration.workload_sets import CALIBRATION_SWEEP
 from twin.engine_profiles import load_profile
 from twin.engine_profiles.derive import write_spec
+from twin.engine_profiles.profile import step_time_model_of
+from twin.engine_profiles.step import StepShape
 
 from calibkit import LATENCY, REPEATS, check_refit, check_table, held_out_table, latency_passed, sweep_runs
 
@@ -158,3 +160,40 @@ def test_the_session_after_the_shipped_refit() -> None:
     assert (shipped["summary"]["passed"], latency_passed(shipped)) == (151, 70)
     errors = [r["items"][k]["rel_error"] for r in shipped["runs"] for k in LATENCY]
     assert -0.30 < np.median(errors) < -0.20
+
+
+WARMUP_STEPS = FIXTURES / "cpu-tiny-llama-warmupsteps"  # the first session whose server runs keep the warm-up's steps
+
+
+def test_the_first_session_with_the_warm_ups_steps() -> None:
+    """Its profile and table (156 of 160, 70 of 72 latency items), and what its warm-ups say (SOURCES.md there): each
+    server run's warm-up decoded its one-token prompts down to a batch of 1, and across the twelve server runs the
+    warm-up's level does not follow the run's."""
+    runs = sweep_runs(WARMUP_STEPS)
+    assert len(runs) == 11
+    committed = load_profile(str(WARMUP_STEPS / "cpu-tiny-llama.yaml")).spec
+    check_refit(committed, calibrate(runs, name="cpu-tiny-llama", command="test", options=OPTIONS).spec)
+    table = json.loads((WARMUP_STEPS / "fidelity-held-out.json").read_text())
+    check_table(held_out_table(WARMUP_STEPS, str(WARMUP_STEPS / "cpu-tiny-llama.yaml")), table)
+    assert (table["summary"]["passed"], latency_passed(table)) == (156, 70)
+    server = [r for r in runs if r.name.startswith("sweep-server-")]
+    server += [WARMUP_STEPS / rep / w for rep in REPEATS
+               for w in ("heldout-server-bursty", "heldout-server-prefix-mix")]
+    model = step_time_model_of(committed.server.step_time)
+    warm = []
+    for run in server:
+        steps = load_recorded_run(run).run.workload["warmup_steps"]
+        assert 1 in steps["gen_requests"] and len(steps["elapsed_ms"]) >= 8
+        ratios, j = [], 0
+        for c, ct, g, e in zip(steps["ctx_requests"], steps["ctx_tokens"], steps["gen_requests"], steps["elapsed_ms"]):
+            if c > 0 and ct > c:  # the long prompts' wave: the decode wave is over
+                break
+            if c == 0 and g > 0:  # a decode step of the one-token prompts, each with j + 2 tokens of context
+                shape = StepShape(decode_requests=g, decode_context_tokens=g * (2 + j))
+                ratios.append(e / 1e3 / (model.step_time_s(shape) - model.overhead_s))
+                j += 1
+        warm.append(float(np.median(ratios)))
+    report = step_residuals(server, profile=str(WARMUP_STEPS / "cpu-tiny-llama.yaml"))
+    level = [r["decode"]["median_ratio"] for r in report["runs"]]
+    assert abs(np.corrcoef(warm, level)[0, 1]) < 0.2
+    assert np.std(np.log(np.array(level) / warm)) > np.std(np.log(level))
