@@ -110,6 +110,22 @@ def test_the_tiny_models_session_with_the_run() -> None:
     assert table["summary"]["recorded_steps"]["passed"] == 122
 
 
+def _pinned_session(root: Path, passed: int, latency: int) -> list[Path]:
+    """A one-command cpu-tiny-llama session with the eleven-run sweep: its profile is the refit of its sweep with the
+    command's options, and its committed table (nine draws) is what fidelity gives today, with ``passed`` of 160
+    items and ``latency`` of 72 latency items. Returns the sweep's runs."""
+    runs = sweep_runs(root)
+    assert len(runs) == 11
+    committed = load_profile(str(root / "cpu-tiny-llama.yaml")).spec
+    assert committed.provenance.command.endswith("--server-offline-attention --decode-floor")
+    check_refit(committed, calibrate(runs, name="cpu-tiny-llama", command="test", options=OPTIONS).spec)
+    table = json.loads((root / "fidelity-held-out.json").read_text())
+    check_table(held_out_table(root, str(root / "cpu-tiny-llama.yaml")), table)
+    assert (table["summary"]["passed"], table["summary"]["items"], latency_passed(table)) == (passed, 160, latency)
+    assert table["summary"]["recorded_steps"]["passed"] == 128
+    return runs
+
+
 FRESH_TINY = FIXTURES / "cpu-tiny-llama-freshclone-context"  # the default one command from a fresh clone of 13e95d2
 
 
@@ -117,16 +133,7 @@ def test_the_default_one_command_from_a_fresh_clone() -> None:
     """`scripts/calibrate-cpu.sh --heldout-repeats 4` (cpu-tiny-llama, the default) from a fresh clone (SOURCES.md
     there): its profile is the fit of its sweep and its table is what fidelity gives today: 155 of 160 items, 71 of 72
     latency items, twin* 128 of 128."""
-    runs = sweep_runs(FRESH_TINY)
-    assert len(runs) == 11
-    committed = load_profile(str(FRESH_TINY / "cpu-tiny-llama.yaml")).spec
-    assert committed.provenance.command.endswith("--server-offline-attention --decode-floor")
-    check_refit(committed, calibrate(runs, name="cpu-tiny-llama", command="test", options=OPTIONS).spec)
-    table = json.loads((FRESH_TINY / "fidelity-held-out.json").read_text())
-    check_table(held_out_table(FRESH_TINY, str(FRESH_TINY / "cpu-tiny-llama.yaml")), table)
-    assert (table["summary"]["passed"], table["summary"]["items"]) == (155, 160)
-    assert table["summary"]["recorded_steps"]["passed"] == 128
-    assert latency_passed(table) == 71
+    _pinned_session(FRESH_TINY, 155, 71)
 
 
 def test_its_held_out_server_runs_ran_slower_than_its_sweeps_server_runs() -> None:
@@ -149,13 +156,7 @@ def test_the_session_after_the_shipped_refit() -> None:
     """A session recorded after the shipped cpu-tiny-llama became the pooled fit of the two sessions above (SOURCES.md
     there): its own fit passes 159 of 160 items (71 of 72 latency items), the shipped file 151 of 160 (70 of 72), the
     twin fast by a median ~26 % on a slower host, inside repeats that spread a median 44 %."""
-    runs = sweep_runs(AFTER_REFIT)
-    assert len(runs) == 11
-    committed = load_profile(str(AFTER_REFIT / "cpu-tiny-llama.yaml")).spec
-    check_refit(committed, calibrate(runs, name="cpu-tiny-llama", command="test", options=OPTIONS).spec)
-    table = json.loads((AFTER_REFIT / "fidelity-held-out.json").read_text())
-    check_table(held_out_table(AFTER_REFIT, str(AFTER_REFIT / "cpu-tiny-llama.yaml")), table)
-    assert (table["summary"]["passed"], latency_passed(table)) == (159, 71)
+    _pinned_session(AFTER_REFIT, 159, 71)
     shipped = held_out_table(AFTER_REFIT, "cpu-tiny-llama")
     assert (shipped["summary"]["passed"], latency_passed(shipped)) == (151, 70)
     errors = [r["items"][k]["rel_error"] for r in shipped["runs"] for k in LATENCY]
@@ -169,17 +170,11 @@ def test_the_first_session_with_the_warm_ups_steps() -> None:
     """Its profile and table (156 of 160, 70 of 72 latency items), and what its warm-ups say (SOURCES.md there): each
     server run's warm-up decoded its one-token prompts down to a batch of 1, and across the twelve server runs the
     warm-up's level does not follow the run's."""
-    runs = sweep_runs(WARMUP_STEPS)
-    assert len(runs) == 11
-    committed = load_profile(str(WARMUP_STEPS / "cpu-tiny-llama.yaml")).spec
-    check_refit(committed, calibrate(runs, name="cpu-tiny-llama", command="test", options=OPTIONS).spec)
-    table = json.loads((WARMUP_STEPS / "fidelity-held-out.json").read_text())
-    check_table(held_out_table(WARMUP_STEPS, str(WARMUP_STEPS / "cpu-tiny-llama.yaml")), table)
-    assert (table["summary"]["passed"], latency_passed(table)) == (156, 70)
+    runs = _pinned_session(WARMUP_STEPS, 156, 70)
     server = [r for r in runs if r.name.startswith("sweep-server-")]
     server += [WARMUP_STEPS / rep / w for rep in REPEATS
                for w in ("heldout-server-bursty", "heldout-server-prefix-mix")]
-    model = step_time_model_of(committed.server.step_time)
+    model = step_time_model_of(load_profile(str(WARMUP_STEPS / "cpu-tiny-llama.yaml")).spec.server.step_time)
     warm = []
     for run in server:
         steps = load_recorded_run(run).run.workload["warmup_steps"]
