@@ -176,12 +176,8 @@ def _run_level(rec: RecordedRun, rows: list[_Step], bias: float) -> dict[str, An
     speed (another host, a slower start, a neighbour), which no term of the model can follow. The probe is a hint,
     not a measure: before server runs it has read slow where the run then sat on the model (docs/calibration.md,
     "Step-time residuals by regime")."""
-    level: dict[str, Any] = {}
-    for regime in ("decode", "prefill"):
-        pairs = np.asarray([(x.recorded_s, x.model_s) for x in rows if (x.shape.prefill_requests > 0) ==
-                            (regime == "prefill")]).reshape(-1, 2)
-        level[regime] = _bin(regime, pairs[:, 0] / pairs[:, 1], pairs[:, 0] - pairs[:, 1], bias) if len(pairs) \
-            else None
+    bins = {b["bin"]: b for b in _binned(rows, lambda x: "prefill" if x.shape.prefill_requests > 0 else "decode", bias)}
+    level: dict[str, Any] = {regime: bins.get(regime) for regime in ("decode", "prefill")}
     probe = (rec.run.workload or {}).get("speed_probe") or {}
     try:
         level["speed_probe_ms"] = [float(probe[k]["median_s"]) * 1e3 for k in ("before", "after")]
