@@ -1,0 +1,130 @@
+"""``twin fidelity --sessions``: many calibration sessions' held-out tables at once, and where their error leans.
+
+A *session* is the folder one run of ``scripts/calibrate-cpu.sh`` writes (``runs/calibrate-cpu/<model>``), or one
+committed under ``tests/fixtures/calibration/``: the fitted profile (its one top-level ``*.yaml``) and the held-out
+runs (``held-out*/<workload>/``). Each session's held-out runs are judged with its own profile, as the one command
+judged them, or all with one ``profile`` (the shipped one, say). Two views come out:
+
+- per session, the items passing and the issue's latency items (TTFT, ITL and E2E p50/p90) passing, with the
+  held-out workloads whose latency items fail;
+- per held-out workload (a run folder's name) and latency item over all sessions: how many runs pass, the median
+  signed error, and in what share of runs the twin is slow. Host noise errs both ways; an item whose error leans
+  one way over many sessions is the model's (docs/calibration.md, "Where calibration stands").
+
+Folders without held-out runs, or (without ``profile``) without exactly one profile file, are skipped and named.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from twin.calibration.fidelity import DEFAULT_TOLERANCE, fidelity
+
+# The issue's latency items, in the fidelity table's order.
+LATENCY_ITEMS = ("ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s", "e2e_p50_s", "e2e_p90_s")
+_LABEL = {"ttft_p50_s": "TTFT p50", "ttft_p90_s": "TTFT p90", "itl_p50_s": "ITL p50", "itl_p90_s": "ITL p90",
+          "e2e_p50_s": "E2E p50", "e2e_p90_s": "E2E p90"}
+
+
+def session_parts(folder: str | Path) -> tuple[Path | None, list[Path], str | None]:
+    """A session folder's own profile file, its held-out run folders (sorted) and why it is not a session
+    (None when it is)."""
+    folder = Path(folder)
+    runs = sorted(p.parent for p in folder.glob("held-out*/*/run.json"))
+    profiles = sorted(folder.glob("*.yaml"))
+    own = profiles[0] if len(profiles) == 1 else None
+    if not runs:
+        return own, runs, "no held-out runs (held-out*/<workload>/run.json)"
+    if own is None:
+        return None, runs, f"{len(profiles)} profile files at its top level, not one"
+    return own, runs, None
+
+
+def sessions_report(folders: Sequence[str | Path], *, profile: str | None = None, draws: int = 9,
+                    tolerance: float = DEFAULT_TOLERANCE) -> dict[str, Any]:
+    """Each session's held-out runs through ``fidelity`` (its own profile, or ``profile`` for all) with ``draws``
+    noise draws, and the latency items gathered by workload. Raises ValueError when no folder is a session."""
+    sessions, skipped = [], []
+    for folder in folders:
+        own, runs, why = session_parts(folder)
+        if why is not None and not (profile is not None and runs):
+            skipped.append({"folder": str(folder), "why": why})
+            continue
+        use = profile if profile is not None else str(own)
+        rep = fidelity(runs, profile=use, tolerance=tolerance, draws=draws)
+        latency = [{"workload": r["name"], "run": r["run"], "item": k, **_latency(r["items"][k])}
+                   for r in rep["runs"] for k in LATENCY_ITEMS]
+        exact = [it["pass"] for r in rep["runs"] if r["mode"] == "offline"
+                 for it in r["items"].values() if it["kind"] == "exact" and it["pass"] is not None]
+        failing: dict[str, int] = {}
+        for x in latency:
+            if not x["pass"]:
+                failing[x["workload"]] = failing.get(x["workload"], 0) + 1
+        sessions.append({"folder": str(folder), "profile": use, "runs": len(runs),
+                         "items": rep["summary"]["items"], "passed": rep["summary"]["passed"],
+                         "latency_items": len(latency), "latency_passed": sum(x["pass"] for x in latency),
+                         "offline_exact_items": len(exact), "offline_exact_passed": sum(exact),
+                         "failing_latency": dict(sorted(failing.items())), "latency": latency})
+    if not sessions:
+        raise ValueError("no session among the folders: " + "; ".join(f"{s['folder']}: {s['why']}" for s in skipped))
+    return {"profile": profile, "draws": draws, "default_tolerance": tolerance, "sessions": sessions,
+            "skipped": skipped, "totals": _totals(sessions), "by_workload": _by_workload(sessions)}
+
+
+def _latency(item: dict[str, Any]) -> dict[str, Any]:
+    return {"real": item["real"], "twin": item["twin"], "rel_error": item["rel_error"],
+            "tolerance": item["tolerance"], "pass": bool(item["pass"])}
+
+
+def _totals(sessions: list[dict[str, Any]]) -> dict[str, int]:
+    keys = ("items", "passed", "latency_items", "latency_passed", "offline_exact_items", "offline_exact_passed")
+    return {"sessions": len(sessions), **{k: sum(s[k] for s in sessions) for k in keys}}
+
+
+def _by_workload(sessions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for s in sessions:
+        for x in s["latency"]:
+            groups.setdefault((x["workload"], x["item"]), []).append(x)
+    out = []
+    for (workload, item), xs in sorted(groups.items(), key=lambda kv: (kv[0][0], LATENCY_ITEMS.index(kv[0][1]))):
+        errs = [x["rel_error"] for x in xs if x["rel_error"] is not None]
+        failed = [x for x in xs if not x["pass"]]
+        out.append({"workload": workload, "item": item, "runs": len(xs), "passed": len(xs) - len(failed),
+                    "median_rel_error": statistics.median(errs) if errs else None,
+                    "twin_slow_share": sum(e > 0 for e in errs) / len(errs) if errs else None,
+                    "failed_twin_slow": sum(1 for x in failed if (x["rel_error"] or 0) > 0),
+                    "failed_twin_fast": sum(1 for x in failed if (x["rel_error"] or 0) < 0)})
+    return out
+
+
+def format_sessions(report: dict[str, Any]) -> str:
+    """The report as text: a line per session, the totals, then the latency items by workload."""
+    t = report["totals"]
+    who = "its own profile" if report["profile"] is None else f"profile {report['profile']}"
+    lines = [f"{t['sessions']} session(s), each session's held-out runs with {who}, "
+             f"{report['draws']} noise draw(s) a run; latency items = TTFT, ITL and E2E p50/p90", "",
+             f"{'session':<44}{'items':>11}{'latency':>10}  failing latency items"]
+    for s in report["sessions"]:
+        failing = ", ".join(f"{w} {n}" for w, n in s["failing_latency"].items()) or "-"
+        lines.append(f"{Path(s['folder']).name:<44}{s['passed']:>6} /{s['items']:>3}{s['latency_passed']:>5} /"
+                     f"{s['latency_items']:>3}  {failing}")
+    share = t["latency_passed"] / t["latency_items"] if t["latency_items"] else 0.0
+    lines += ["", f"all: {t['passed']:,} of {t['items']:,} items pass; {t['latency_passed']:,} of "
+                  f"{t['latency_items']:,} latency items ({share:.1%}); offline exact items (steps, composition, "
+                  f"preemptions, prefix hits) {t['offline_exact_passed']:,} of {t['offline_exact_items']:,}"]
+    for s in report["skipped"]:
+        lines.append(f"skipped {s['folder']}: {s['why']}")
+    lines += ["", "latency items by workload, over all sessions (error = twin / real - 1; slow = the twin's value "
+                  "is the larger)",
+              f"  {'workload':<30}{'item':<10}{'runs':>6}{'pass':>6}{'median error':>14}{'twin slow':>11}"
+              f"{'fails slow/fast':>17}"]
+    for b in report["by_workload"]:
+        med = "n/a" if b["median_rel_error"] is None else f"{b['median_rel_error']:+.1%}"
+        slow = "n/a" if b["twin_slow_share"] is None else f"{b['twin_slow_share']:.0%}"
+        lines.append(f"  {b['workload']:<30}{_LABEL[b['item']]:<10}{b['runs']:>6}{b['passed']:>6}{med:>14}"
+                     f"{slow:>11}{b['failed_twin_slow']:>10} / {b['failed_twin_fast']}")
+    return "\n".join(lines)
