@@ -106,3 +106,7 @@ def test_the_command(tmp_path, capsys) -> None:
     assert main(["fidelity", str(B)]) == 2
     assert "--profile is required" in capsys.readouterr().err
     assert main(["fidelity", "--sessions", "--steps", str(B)]) == 2
+    # --no-noise reaches each session's fidelity: nine draws of a deterministic replay are refused by name
+    assert main(["fidelity", "--sessions", "--no-noise", str(B)]) == 2
+    assert "need step-time noise" in capsys.readouterr().err
+    assert main(["fidelity", "--sessions", "--no-noise", "--draws", "1", str(B)]) == 0

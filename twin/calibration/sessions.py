@@ -44,9 +44,10 @@ def session_parts(folder: str | Path) -> tuple[Path | None, list[Path], str | No
 
 
 def sessions_report(folders: Sequence[str | Path], *, profile: str | None = None, draws: int = 9,
-                    tolerance: float = DEFAULT_TOLERANCE) -> dict[str, Any]:
+                    tolerance: float = DEFAULT_TOLERANCE, noise: bool | None = None) -> dict[str, Any]:
     """Each session's held-out runs through ``fidelity`` (its own profile, or ``profile`` for all) with ``draws``
-    noise draws, and the latency items gathered by workload. Raises ValueError when no folder is a session."""
+    noise draws (``noise`` as fidelity's), and the latency items gathered by workload. Raises ValueError when no
+    folder is a session."""
     sessions, skipped = [], []
     for folder in folders:
         own, runs, why = session_parts(folder)
@@ -54,7 +55,7 @@ def sessions_report(folders: Sequence[str | Path], *, profile: str | None = None
             skipped.append({"folder": str(folder), "why": why})
             continue
         use = profile if profile is not None else str(own)
-        rep = fidelity(runs, profile=use, tolerance=tolerance, draws=draws)
+        rep = fidelity(runs, profile=use, tolerance=tolerance, noise=noise, draws=draws)
         # an item without a verdict (no real value to compare with) is left out, as fidelity's own totals do
         latency = [{"workload": r["name"], "run": r["run"], "item": k, **_latency(r["items"][k])}
                    for r in rep["runs"] for k in LATENCY_ITEMS if r["items"][k]["pass"] is not None]

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
         return print_report("fidelity", lambda: sessions_report(args.run_dirs, profile=args.profile,
                                                                 draws=9 if args.draws is None else args.draws,
-                                                                tolerance=args.tolerance),
+                                                                tolerance=args.tolerance, noise=args.noise),
                             format_sessions, args.json, (RecordedRunError, UnknownProfileError, ValueError, OSError))
     if args.profile is None:
         print("twin fidelity: --profile is required (but with --sessions)", file=sys.stderr)
