@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from twin.calibration.fidelity import fidelity
-from twin.calibration.sessions import LATENCY_ITEMS, format_sessions, session_parts, sessions_report
+from twin.calibration.fidelity import LATENCY_ITEMS, fidelity, format_table, latency_counts
+from twin.calibration.sessions import format_sessions, session_parts, sessions_report
 from twin.cli import main
 
 ROOT = Path(__file__).parent / "fixtures" / "calibration"
@@ -43,10 +43,17 @@ def test_each_session_is_its_own_fidelity_table(report) -> None:
                 if not r["items"][k]["pass"]:
                     failing[r["name"]] = failing.get(r["name"], 0) + 1
         assert s["failing_latency"] == failing
+        errs = [abs(r["items"][k]["rel_error"]) for r in direct["runs"] for k in LATENCY_ITEMS]
+        assert s["latency_within_tolerance_outright"] == sum(e <= 0.10 for e in errs)
+        assert s["latency_median_abs_error"] == pytest.approx(statistics.median(errs))
     t = report["totals"]
     assert t["sessions"] == 2
     assert t["latency_passed"] == sum(s["latency_passed"] for s in report["sessions"])
     assert t["passed"] == sum(s["passed"] for s in report["sessions"])
+    assert t["latency_within_tolerance_outright"] == sum(s["latency_within_tolerance_outright"]
+                                                         for s in report["sessions"])
+    every = [abs(x["rel_error"]) for s in report["sessions"] for x in s["latency"]]
+    assert t["latency_median_abs_error"] == pytest.approx(statistics.median(every))
     # one of the two is the slow-host session whose offline KV-pressure run fails: the table must show it
     assert report["sessions"][0]["failing_latency"].get("heldout-offline-kv-prefix", 0) > 0
 
@@ -110,3 +117,22 @@ def test_the_command(tmp_path, capsys) -> None:
     assert main(["fidelity", "--sessions", "--no-noise", str(B)]) == 2
     assert "need step-time noise" in capsys.readouterr().err
     assert main(["fidelity", "--sessions", "--no-noise", "--draws", "1", str(B)]) == 0
+
+
+def test_fidelity_counts_the_latency_items() -> None:
+    """Every fidelity report carries the issue's latency items apart: passing, within the default tolerance outright
+    (the repeats' spread aside) and their median |error|; the table prints them."""
+    own, runs, _ = session_parts(B)
+    rep = fidelity(runs[:3], profile=str(own), draws=1)
+    items = [r["items"][k] for r in rep["runs"] for k in LATENCY_ITEMS]
+    errs = [abs(it["rel_error"]) for it in items]
+    lat = rep["latency_items"]
+    assert lat["items"] == 18 and lat["passed"] == sum(it["pass"] for it in items)
+    assert lat["within_tolerance_outright"] == sum(e <= 0.10 for e in errs)
+    assert lat["median_abs_error"] == pytest.approx(statistics.median(errs))
+    assert (f"latency items (TTFT, ITL and E2E p50/p90): {lat['passed']} of 18 pass; "
+            f"{lat['within_tolerance_outright']} within 10% of the real run outright") in format_table(rep)
+    # an item without a verdict is left out; none at all gives no median
+    assert latency_counts([{"pass": None, "rel_error": None}], 0.1) == {
+        "items": 0, "passed": 0, "within_tolerance_outright": 0, "median_abs_error": None}
+

@@ -29,10 +29,8 @@ from typing import Any
 import numpy as np
 
 from twin.calibration.calibrate import CalibrationError, FitOptions, calibrate
-from twin.calibration.fidelity import DEFAULT_TOLERANCE, TOLERANCE_ITEMS, fidelity
+from twin.calibration.fidelity import DEFAULT_TOLERANCE, LATENCY_ITEMS, TOLERANCE_ITEMS, fidelity
 from twin.calibration.recorded import load_recorded_run
-
-LATENCY_ITEMS = ("ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s", "e2e_p50_s", "e2e_p90_s")
 
 
 def folds(modes: Sequence[str]) -> tuple[list[tuple[int, list[int]]], list[tuple[int, str]]]:

@@ -57,6 +57,9 @@ TOLERANCE_ITEMS: dict[str, tuple[str, float, str]] = {
     "output_tokens_per_s": ("output tok/s", 1.0, ""),
     "step_time_sum_s": ("step-time sum", 1.0, "s"),
 }
+# the latency items the calibration issue's done-when names (TTFT, ITL and E2E p50/p90), counted apart in
+# ``latency_items``
+LATENCY_ITEMS = ("ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s", "e2e_p50_s", "e2e_p90_s")
 # a server run's items that follow arrival and step timing (``_server_timed_item``)
 SERVER_TIMED_ITEMS = ("steps", "composition")
 EXACT_ITEMS: dict[str, str] = {
@@ -329,6 +332,7 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
     sv = prof.spec.server
     return {
         "profile": profile, "profile_name": prof.name, "default_tolerance": tolerance,
+        "latency_items": latency_counts([r["items"][k] for r in runs for k in LATENCY_ITEMS], tolerance),
         "overhead_s": overhead_s, "runs": runs,
         "step_time_noise": noisy,
         **({"noise_draws": draws} if draws > 1 else {}),
@@ -346,6 +350,16 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
                                                              if it["mean_of_repeats_pass_strict"])},
                     "recorded_steps": {"tolerance_items": len(recorded), "passed": sum(1 for v in recorded if v)}},
     }
+
+
+def latency_counts(items: Sequence[dict[str, Any]], tolerance: float) -> dict[str, Any]:
+    """The latency items with a verdict: how many, how many pass, how many are within ``tolerance`` of the real run
+    outright (not widened by the repeats' spread), and their median |relative error| (None without items)."""
+    judged = [it for it in items if it["pass"] is not None]
+    errs = sorted(abs(it["rel_error"]) for it in judged)
+    return {"items": len(judged), "passed": sum(1 for it in judged if it["pass"]),
+            "within_tolerance_outright": sum(1 for e in errs if e <= tolerance),
+            "median_abs_error": float(np.median(errs)) if errs else None}
 
 
 def _cold_start(rec: RecordedRun, server: ServerFrontEnd) -> dict[str, Any] | None:
@@ -450,6 +464,11 @@ def format_table(report: dict[str, Any]) -> str:
                   "A server run's steps and composition follow arrival and step timing: its step count is judged "
                   "with a tolerance, its composition is reported (verdict `timing`) and not judged.",
               f"{s['passed']} of {s['items']} items pass, {s['failed']} fail."]
+    lat = report.get("latency_items")
+    if lat is not None and lat["items"]:
+        lines.append(f"latency items (TTFT, ITL and E2E p50/p90): {lat['passed']} of {lat['items']} pass; "
+                     f"{lat['within_tolerance_outright']} within {report['default_tolerance']:.0%} of the real run "
+                     f"outright, median |error| {lat['median_abs_error']:.1%}.")
     rs = s.get("recorded_steps")
     if rs is not None and rs["tolerance_items"]:
         lines.append(f"twin* (scheduling and latency accounting alone): {rs['passed']} of {rs['tolerance_items']} "

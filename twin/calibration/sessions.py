@@ -21,10 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from twin.calibration.fidelity import DEFAULT_TOLERANCE, fidelity
+from twin.calibration.fidelity import DEFAULT_TOLERANCE, LATENCY_ITEMS, fidelity, latency_counts
 
-# The issue's latency items, in the fidelity table's order.
-LATENCY_ITEMS = ("ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s", "e2e_p50_s", "e2e_p90_s")
 _LABEL = {"ttft_p50_s": "TTFT p50", "ttft_p90_s": "TTFT p90", "itl_p50_s": "ITL p50", "itl_p90_s": "ITL p90",
           "e2e_p50_s": "E2E p50", "e2e_p90_s": "E2E p90"}
 
@@ -65,15 +63,18 @@ def sessions_report(folders: Sequence[str | Path], *, profile: str | None = None
         for x in latency:
             if x["pass"] is False:
                 failing[x["workload"]] = failing.get(x["workload"], 0) + 1
+        lat = rep["latency_items"]
         sessions.append({"folder": str(folder), "profile": use, "runs": len(runs),
                          "items": rep["summary"]["items"], "passed": rep["summary"]["passed"],
-                         "latency_items": len(latency), "latency_passed": sum(x["pass"] for x in latency),
+                         "latency_items": lat["items"], "latency_passed": lat["passed"],
+                         "latency_within_tolerance_outright": lat["within_tolerance_outright"],
+                         "latency_median_abs_error": lat["median_abs_error"],
                          "offline_exact_items": len(exact), "offline_exact_passed": sum(exact),
                          "failing_latency": dict(sorted(failing.items())), "latency": latency})
     if not sessions:
         raise ValueError("no session among the folders: " + "; ".join(f"{s['folder']}: {s['why']}" for s in skipped))
     return {"profile": profile, "draws": draws, "default_tolerance": tolerance, "sessions": sessions,
-            "skipped": skipped, "totals": _totals(sessions), "by_workload": _by_workload(sessions)}
+            "skipped": skipped, "totals": _totals(sessions, tolerance), "by_workload": _by_workload(sessions)}
 
 
 def _latency(item: dict[str, Any]) -> dict[str, Any]:
@@ -81,9 +82,13 @@ def _latency(item: dict[str, Any]) -> dict[str, Any]:
             "tolerance": item["tolerance"], "pass": item["pass"]}
 
 
-def _totals(sessions: list[dict[str, Any]]) -> dict[str, int]:
-    keys = ("items", "passed", "latency_items", "latency_passed", "offline_exact_items", "offline_exact_passed")
-    return {"sessions": len(sessions), **{k: sum(s[k] for s in sessions) for k in keys}}
+def _totals(sessions: list[dict[str, Any]], tolerance: float) -> dict[str, Any]:
+    keys = ("items", "passed", "offline_exact_items", "offline_exact_passed")
+    lat = latency_counts([x for s in sessions for x in s["latency"]], tolerance)
+    return {"sessions": len(sessions), **{k: sum(s[k] for s in sessions) for k in keys},
+            "latency_items": lat["items"], "latency_passed": lat["passed"],
+            "latency_within_tolerance_outright": lat["within_tolerance_outright"],
+            "latency_median_abs_error": lat["median_abs_error"]}
 
 
 def _by_workload(sessions: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -109,15 +114,20 @@ def format_sessions(report: dict[str, Any]) -> str:
     who = "its own profile" if report["profile"] is None else f"profile {report['profile']}"
     lines = [f"{t['sessions']} session(s), each session's held-out runs with {who}, "
              f"{report['draws']} noise draw(s) a run; latency items = TTFT, ITL and E2E p50/p90", "",
-             f"{'session':<44}{'items':>11}{'latency':>10}  failing latency items"]
+             f"{'session':<44}{'items':>11}{'latency':>10}{'outright':>10}{'|error|':>9}  failing latency items"]
     for s in report["sessions"]:
         failing = ", ".join(f"{w} {n}" for w, n in s["failing_latency"].items()) or "-"
         lines.append(f"{Path(s['folder']).name:<44}{s['passed']:>6} /{s['items']:>3}{s['latency_passed']:>5} /"
-                     f"{s['latency_items']:>3}  {failing}")
+                     f"{s['latency_items']:>3}{s['latency_within_tolerance_outright']:>10}"
+                     f"{_pct(s['latency_median_abs_error']):>9}  {failing}")
     share = t["latency_passed"] / t["latency_items"] if t["latency_items"] else 0.0
-    lines += ["", f"all: {t['passed']:,} of {t['items']:,} items pass; {t['latency_passed']:,} of "
-                  f"{t['latency_items']:,} latency items ({share:.1%}); offline exact items (steps, composition, "
-                  f"preemptions, prefix hits) {t['offline_exact_passed']:,} of {t['offline_exact_items']:,}"]
+    tol = report["default_tolerance"]
+    lines += ["", f"(latency: items passing, the issue's rule; outright: within {tol:.0%} of the real run, not widened "
+                  f"by the repeats' spread; |error|: the median |relative error| of the latency items)",
+              f"all: {t['passed']:,} of {t['items']:,} items pass; {t['latency_passed']:,} of "
+              f"{t['latency_items']:,} latency items ({share:.1%}), {t['latency_within_tolerance_outright']:,} within "
+              f"{tol:.0%} outright, median |error| {_pct(t['latency_median_abs_error'])}; offline exact items (steps, "
+              f"composition, preemptions, prefix hits) {t['offline_exact_passed']:,} of {t['offline_exact_items']:,}"]
     for s in report["skipped"]:
         lines.append(f"skipped {s['folder']}: {s['why']}")
     lines += ["", "latency items by workload, over all sessions (error = twin / real - 1; slow = the twin's value "
@@ -130,3 +140,8 @@ def format_sessions(report: dict[str, Any]) -> str:
         lines.append(f"  {b['workload']:<30}{_LABEL[b['item']]:<10}{b['runs']:>6}{b['passed']:>6}{med:>14}"
                      f"{slow:>11}{b['failed_twin_slow']:>10} / {b['failed_twin_fast']}")
     return "\n".join(lines)
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
