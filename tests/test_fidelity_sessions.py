@@ -84,6 +84,7 @@ def test_folders_that_are_not_sessions_are_skipped_and_named(report, tmp_path) -
         (two / name).write_text((A / "cpu-tiny-llama.yaml").read_text())
     own, runs, why = session_parts(two)
     assert own is None and len(runs) == 1 and why == "2 profile files at its top level, not one"
+    assert session_parts(two / "a.yaml") == (None, [], "not a folder")  # a shell glob over a folder picks up files
     with pytest.raises(ValueError, match="no session among the folders: .*two-profiles: 2 profile files"):
         sessions_report([two], draws=1)
     # one profile for every folder: the folder's own files do not matter then

@@ -31,6 +31,8 @@ def session_parts(folder: str | Path) -> tuple[Path | None, list[Path], str | No
     """A session folder's own profile file, its held-out run folders (sorted) and why it is not a session
     (None when it is)."""
     folder = Path(folder)
+    if not folder.is_dir():
+        return None, [], "not a folder"
     runs = sorted(p.parent for p in folder.glob("held-out*/*/run.json"))
     profiles = sorted(folder.glob("*.yaml"))
     own = profiles[0] if len(profiles) == 1 else None
