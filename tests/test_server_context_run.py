@@ -198,3 +198,20 @@ def test_the_one_command_from_a_fresh_clone_in_the_afternoon() -> None:
     errors = [abs(r["items"][k]["rel_error"]) for r in table["runs"] for k in LATENCY]
     assert sum(e <= 0.10 for e in errors) == 38 and 0.08 < np.median(errors) < 0.10
 
+
+BURN_IN = FIXTURES / "cpu-tiny-llama-burnin"  # the one command after two burn-in recordings, on a steady host
+
+
+def test_the_session_after_a_burn_in() -> None:
+    """Its profile is the refit of its sweep and its table (143 of 160 items, 60 of 72 latency items) is what fidelity
+    gives today (SOURCES.md there). On that steady hour the prefix mix's lean fails: the twin is slow on every repeat's
+    ITL p50 and E2E p90, by more than 10 % on three of the four, where the recorded-step replay is within 6 %."""
+    _pinned_session(BURN_IN, 143, 60, recorded=124)
+    table = json.loads((BURN_IN / "fidelity-held-out.json").read_text())
+    mix = [r for r in table["runs"] if r["name"] == "heldout-server-prefix-mix"]
+    assert len(mix) == 4
+    for k in ("itl_p50_s", "e2e_p90_s"):
+        errors = [r["items"][k]["rel_error"] for r in mix]
+        assert min(errors) > 0.04 and sum(e > 0.10 for e in errors) == 3
+        assert all(0 <= r["items"][k]["rel_error_recorded_steps"] < 0.06 for r in mix)
+
