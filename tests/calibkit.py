@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from twin.calibration.fidelity import fidelity
+from twin.calibration.fidelity import LATENCY_ITEMS, fidelity
 
 REPEATS = ("held-out", "held-out-repeat2", "held-out-repeat3", "held-out-repeat4")
-LATENCY = ("ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s", "e2e_p50_s", "e2e_p90_s")
+LATENCY = LATENCY_ITEMS  # the latency items, as fidelity counts them
 
 
 def sweep_runs(root: Path) -> list[Path]:

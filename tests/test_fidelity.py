@@ -110,7 +110,8 @@ def test_the_repeats_mean_passes_the_run_to_run_spread_but_not_always_the_strict
 
 def test_what_the_recorder_measured_does_not_split_repeats(tmp_path: Path) -> None:
     """Repeats differ in the machine's speed probe and their warm-up's step times, and may differ in the pinning's
-    thread counts; they are still repeats of one workload (before this, the probe split every repeat into its own group: tolerances of 10 %)."""
+    thread counts; they are still repeats of one workload (before this, the probe split every repeat into its own
+    group: tolerances of 10 %)."""
     copies = []
     for i, probe_ms in enumerate((4.3, 6.3)):
         d = _copy(RUN, tmp_path / f"r{i}")

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from twin.calibration.fidelity import TOLERANCE_ITEMS, fidelity, format_table, spread
+from twin.calibration.fidelity import LATENCY_ITEMS, TOLERANCE_ITEMS, fidelity, format_table, spread
 from twin.cli import main
 from twin.paths import REPO_ROOT
 
@@ -72,6 +72,5 @@ def test_the_session_over_nine_draws() -> None:
     runs = sorted(p for rep in ("held-out", "held-out-repeat2", "held-out-repeat3", "held-out-repeat4")
                   for p in (ROOT / rep).iterdir())
     rep = fidelity(runs, profile=PROFILE, draws=9)
-    latency = ("ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s", "e2e_p50_s", "e2e_p90_s")
     assert rep["summary"]["passed"] == 154 and rep["summary"]["items"] == 160
-    assert sum(r["items"][k]["pass"] for r in rep["runs"] for k in latency) == 66
+    assert sum(r["items"][k]["pass"] for r in rep["runs"] for k in LATENCY_ITEMS) == 66

@@ -21,10 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from twin.calibration.fidelity import DEFAULT_TOLERANCE, LATENCY_ITEMS, fidelity, latency_counts
-
-_LABEL = {"ttft_p50_s": "TTFT p50", "ttft_p90_s": "TTFT p90", "itl_p50_s": "ITL p50", "itl_p90_s": "ITL p90",
-          "e2e_p50_s": "E2E p50", "e2e_p90_s": "E2E p90"}
+from twin.calibration.fidelity import DEFAULT_TOLERANCE, LATENCY_ITEMS, TOLERANCE_ITEMS, fidelity, latency_counts
 
 
 def session_parts(folder: str | Path) -> tuple[Path | None, list[Path], str | None]:
@@ -139,7 +136,7 @@ def format_sessions(report: dict[str, Any]) -> str:
     for b in report["by_workload"]:
         med = "n/a" if b["median_rel_error"] is None else f"{b['median_rel_error']:+.1%}"
         slow = "n/a" if b["twin_slow_share"] is None else f"{b['twin_slow_share']:.0%}"
-        lines.append(f"  {b['workload']:<30}{_LABEL[b['item']]:<10}{b['runs']:>6}{b['passed']:>6}{med:>14}"
+        lines.append(f"  {b['workload']:<30}{TOLERANCE_ITEMS[b['item']][0]:<10}{b['runs']:>6}{b['passed']:>6}{med:>14}"
                      f"{slow:>11}{b['failed_twin_slow']:>10} / {b['failed_twin_fast']}")
     return "\n".join(lines)
 
