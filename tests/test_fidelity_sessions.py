@@ -46,6 +46,9 @@ def test_each_session_is_its_own_fidelity_table(report) -> None:
         errs = [abs(r["items"][k]["rel_error"]) for r in direct["runs"] for k in LATENCY_ITEMS]
         assert s["latency_within_tolerance_outright"] == sum(e <= 0.10 for e in errs)
         assert s["latency_median_abs_error"] == pytest.approx(statistics.median(errs))
+        # each latency item carries twin*'s error (the recorded step times) as fidelity gives it
+        assert [x["rel_error_recorded_steps"] for x in s["latency"]] == [
+            r["items"][k]["rel_error_recorded_steps"] for r in direct["runs"] for k in LATENCY_ITEMS]
     t = report["totals"]
     assert t["sessions"] == 2
     assert t["latency_passed"] == sum(s["latency_passed"] for s in report["sessions"])
@@ -70,6 +73,9 @@ def test_the_latency_items_by_workload(report) -> None:
         errs = [x["rel_error"] for x in xs]
         assert b["median_rel_error"] == pytest.approx(statistics.median(errs))
         assert b["twin_slow_share"] == pytest.approx(sum(e > 0 for e in errs) / 8)
+        recorded = [x["rel_error_recorded_steps"] for x in xs]
+        assert None not in recorded
+        assert b["median_rel_error_recorded_steps"] == pytest.approx(statistics.median(recorded))
         assert b["failed_twin_slow"] + b["failed_twin_fast"] == b["runs"] - b["passed"]
     assert sum(b["passed"] for b in rows.values()) == report["totals"]["latency_passed"]
 
@@ -100,6 +106,10 @@ def test_the_text_table(report) -> None:
     t = report["totals"]
     assert f"{t['latency_passed']:,} of {t['latency_items']:,} latency items" in text
     assert "skipped " + str(ROOT / "cpu-tiny-llama-diag-decode-context") in text
+    bursty = report["by_workload"][LATENCY_ITEMS.index("ttft_p90_s") + len(LATENCY_ITEMS)]
+    assert (bursty["workload"], bursty["item"]) == ("heldout-server-bursty", "ttft_p90_s")
+    row = next(x for x in text.splitlines() if "heldout-server-bursty" in x and "TTFT p90" in x)
+    assert row.split()[-1] == f"{bursty['median_rel_error_recorded_steps']:+.1%}"
 
 
 def test_the_command(tmp_path, capsys) -> None:

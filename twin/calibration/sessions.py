@@ -9,7 +9,9 @@ judged them, or all with one ``profile`` (the shipped one, say). Two views come 
   held-out workloads whose latency items fail;
 - per held-out workload (a run folder's name) and latency item over all sessions: how many runs pass, the median
   signed error, and in what share of runs the twin is slow. Host noise errs both ways; an item whose error leans
-  one way over many sessions is the model's (docs/calibration.md, "Where calibration stands").
+  one way over many sessions is the model's (docs/calibration.md, "Where calibration stands"). Beside it, twin*'s
+  median signed error (the replay with the recorded step times): a lean twin* shares is the scheduling and latency
+  accounting's, one it lacks the step-time model's.
 
 Folders without held-out runs, or (without ``profile``) without exactly one profile file, are skipped and named.
 """
@@ -78,6 +80,7 @@ def sessions_report(folders: Sequence[str | Path], *, profile: str | None = None
 
 def _latency(item: dict[str, Any]) -> dict[str, Any]:
     return {"real": item["real"], "twin": item["twin"], "rel_error": item["rel_error"],
+            "rel_error_recorded_steps": item.get("rel_error_recorded_steps"),
             "tolerance": item["tolerance"], "pass": item["pass"]}
 
 
@@ -98,9 +101,11 @@ def _by_workload(sessions: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for (workload, item), xs in sorted(groups.items(), key=lambda kv: (kv[0][0], LATENCY_ITEMS.index(kv[0][1]))):
         errs = [x["rel_error"] for x in xs if x["rel_error"] is not None]
+        recorded = [x["rel_error_recorded_steps"] for x in xs if x["rel_error_recorded_steps"] is not None]
         failed = [x for x in xs if not x["pass"]]
         out.append({"workload": workload, "item": item, "runs": len(xs), "passed": len(xs) - len(failed),
                     "median_rel_error": statistics.median(errs) if errs else None,
+                    "median_rel_error_recorded_steps": statistics.median(recorded) if recorded else None,
                     "twin_slow_share": sum(e > 0 for e in errs) / len(errs) if errs else None,
                     "failed_twin_slow": sum(1 for x in failed if (x["rel_error"] or 0) > 0),
                     "failed_twin_fast": sum(1 for x in failed if (x["rel_error"] or 0) < 0)})
@@ -130,14 +135,18 @@ def format_sessions(report: dict[str, Any]) -> str:
     for s in report["skipped"]:
         lines.append(f"skipped {s['folder']}: {s['why']}")
     lines += ["", "latency items by workload, over all sessions (error = twin / real - 1; slow = the twin's value "
-                  "is the larger)",
+                  "is the larger; twin* = the replay with the recorded step times, so a lean that twin* shares is "
+                  "scheduling and latency accounting, one it lacks is the step-time model)",
               f"  {'workload':<30}{'item':<10}{'runs':>6}{'pass':>6}{'median error':>14}{'twin slow':>11}"
-              f"{'fails slow/fast':>17}"]
+              f"{'fails slow/fast':>17}{'twin* median':>14}"]
     for b in report["by_workload"]:
         med = "n/a" if b["median_rel_error"] is None else f"{b['median_rel_error']:+.1%}"
         slow = "n/a" if b["twin_slow_share"] is None else f"{b['twin_slow_share']:.0%}"
+        star = b["median_rel_error_recorded_steps"]
+        star_s = "n/a" if star is None else f"{star:+.1%}"
+        fails = f"{b['failed_twin_slow']} / {b['failed_twin_fast']}"
         lines.append(f"  {b['workload']:<30}{TOLERANCE_ITEMS[b['item']][0]:<10}{b['runs']:>6}{b['passed']:>6}{med:>14}"
-                     f"{slow:>11}{b['failed_twin_slow']:>10} / {b['failed_twin_fast']}")
+                     f"{slow:>11}{fails:>17}{star_s:>14}")
     return "\n".join(lines)
 
 
