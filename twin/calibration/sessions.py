@@ -142,14 +142,12 @@ def format_sessions(report: dict[str, Any]) -> str:
     for b in report["by_workload"]:
         med = "n/a" if b["median_rel_error"] is None else f"{b['median_rel_error']:+.1%}"
         slow = "n/a" if b["twin_slow_share"] is None else f"{b['twin_slow_share']:.0%}"
-        star = b["median_rel_error_recorded_steps"]
-        star_s = "n/a" if star is None else f"{star:+.1%}"
+        star = "n/a" if b["median_rel_error_recorded_steps"] is None else f"{b['median_rel_error_recorded_steps']:+.1%}"
         fails = f"{b['failed_twin_slow']} / {b['failed_twin_fast']}"
         lines.append(f"  {b['workload']:<30}{TOLERANCE_ITEMS[b['item']][0]:<10}{b['runs']:>6}{b['passed']:>6}{med:>14}"
-                     f"{slow:>11}{fails:>17}{star_s:>14}")
+                     f"{slow:>11}{fails:>17}{star:>14}")
     return "\n".join(lines)
 
 
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.1%}"
-
