@@ -39,7 +39,8 @@ def scenarios(draw):
                                "enable_chunked_prefill": chunked,
                                "enable_prefix_caching": draw(st.booleans()),
                                "long_prefill_token_threshold": draw(st.sampled_from([0, 0, 100])),
-                               "policy": draw(st.sampled_from(["fcfs", "priority"]))}},
+                               "policy": draw(st.sampled_from(["fcfs", "priority"])),
+                               "async_scheduling": draw(st.booleans())}},
     }
     return parse_scenario(raw)
 

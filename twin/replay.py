@@ -434,7 +434,8 @@ def replay_scenario(rec: RecordedRun, profile: str | None) -> Any:
             "engine": {"block_size": info.block_size, "num_gpu_blocks": info.num_gpu_blocks,
                        "max_num_batched_tokens": info.max_num_batched_tokens, "max_num_seqs": info.max_num_seqs,
                        "max_model_len": info.max_model_len, "enable_chunked_prefill": info.enable_chunked_prefill,
-                       "enable_prefix_caching": info.enable_prefix_caching},
+                       "enable_prefix_caching": info.enable_prefix_caching,
+                       "async_scheduling": info.async_scheduling},
         },
         "output": {"record_iterations": True, "record_token_times": True},
     }

@@ -77,7 +77,8 @@ def engine_config(es: EngineSettings, num_gpu_blocks: int) -> EngineConfig:
         max_num_seqs=es.max_num_seqs, max_model_len=es.max_model_len, enable_chunked_prefill=es.enable_chunked_prefill,
         enable_prefix_caching=es.enable_prefix_caching, long_prefill_token_threshold=es.long_prefill_token_threshold,
         long_prefill_token_threshold_adaptive=es.long_prefill_token_threshold_adaptive, policy=es.policy,
-        scheduler_reserve_full_isl=es.scheduler_reserve_full_isl, watermark=es.watermark)
+        scheduler_reserve_full_isl=es.scheduler_reserve_full_isl, watermark=es.watermark,
+        async_scheduling=es.async_scheduling)
 
 
 class SingleReplicaRun:

@@ -78,6 +78,21 @@ class RunInfo(BaseModel):
     workload: dict[str, Any]
 
     @property
+    def async_scheduling(self) -> bool:
+        """Whether the engine formed each step while the one before it ran (vLLM's ``async_scheduling``,
+        ../shared/reference/vllm-engine-semantics.md §2.12): the run's own ``--async-scheduling`` or
+        ``--no-async-scheduling`` in ``engine_args`` where given (the last one wins, as on vLLM's command line); else
+        off on a CPU (``hardware`` beginning with "cpu": vLLM's CPU backend forces it off) and on elsewhere (vLLM's
+        GPU default)."""
+        for a in reversed(self.engine_args):
+            flag, _, value = a.partition("=")
+            if flag == "--no-async-scheduling":
+                return False
+            if flag == "--async-scheduling":
+                return value.lower() not in ("false", "0", "no") if value else True
+        return not self.hardware.strip().lower().startswith("cpu")
+
+    @property
     def usable_blocks(self) -> int:
         """KV blocks a request can use: vLLM keeps one block (the null block) for itself."""
         return self.num_gpu_blocks - 1

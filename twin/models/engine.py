@@ -14,9 +14,12 @@
 ``Engine.complete()`` applies one step's outputs at its end time; ``max_decode_run()`` and
 ``complete_decode_run()`` let the caller advance many identical decode steps in one event.
 
-Simplifications (also in docs/engine.md): synchronous scheduling — a request that arrives while a step
-runs is eligible for the next step (vLLM's GPU async scheduling makes it the step after); no speculative
-decoding, LoRA, encoder cache or KV connectors; stop strings are modelled as the drawn output length.
+Scheduling is synchronous by default (vLLM's CPU backend): a request that arrives while a step runs is eligible for
+the next step. ``async_scheduling`` (vLLM's GPU default, semantics §2.12) makes it the step after: the replica hands
+such a request in with ``add(r, held=True)`` and releases it (``release_held``) once the next step is formed, which
+vLLM formed while the step in flight ran. Simplifications (also in docs/engine.md): with async scheduling a request
+that finishes in a step is not carried into the next one as a wasted slot; no speculative decoding, LoRA, encoder
+cache or KV connectors; stop strings are modelled as the drawn output length.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ class EngineConfig:
     policy: str = "fcfs"  # or "priority"
     scheduler_reserve_full_isl: bool = True
     watermark: float = 0.0
+    async_scheduling: bool = False  # vLLM's GPU default; the replica holds arrivals back one step (module doc)
 
     def __post_init__(self) -> None:
         if self.policy not in ("fcfs", "priority"):
@@ -68,6 +72,7 @@ class Engine(GroupPath, RunPath, GapColumns):
                             enable_prefix_caching=config.enable_prefix_caching, max_model_len=config.max_model_len)
         self.running: list[EngineRequest] = []
         self.waiting = WaitingQueue(config.policy == "fcfs")
+        self.held: list[EngineRequest] = []  # arrived while a step ran, under async scheduling (``add``)
         self.watermark_blocks = int(config.watermark * self.kv.num_usable)
         # Counters, named as vLLM exports them (without the ``vllm:`` prefix).
         self.prefix_cache_queries = 0
@@ -86,11 +91,25 @@ class Engine(GroupPath, RunPath, GapColumns):
         self.step_kv_usage = True  # record the KV usage at each step's scheduling (for the iteration log)
 
     # ---- arrivals and cancellation -------------------------------------------------------------
-    def add(self, r: EngineRequest) -> None:
+    def add(self, r: EngineRequest, *, held: bool = False) -> None:
+        """Queue ``r``. ``held``: it arrived while a step ran under async scheduling, when vLLM had already formed
+        the next step, so it stays out of the next ``schedule`` until ``release_held``."""
         if r.prompt_tokens >= self.cfg.max_model_len:
             raise ValueError(f"prompt of {r.prompt_tokens} tokens does not fit max_model_len {self.cfg.max_model_len}")
         r.status = Status.WAITING
-        self.waiting.push(r)
+        if held:
+            self.held.append(r)
+        else:
+            self.waiting.push(r)
+
+    def release_held(self) -> int:
+        """Queue the held requests for the next ``schedule``, in arrival order; how many there were."""
+        held = self.held
+        for r in held:
+            self.waiting.push(r)
+        n = len(held)
+        held.clear()
+        return n
 
     def abort(self, r: EngineRequest, now_s: float, reason: str = "abort") -> bool:
         """Cancel a waiting or running request; frees its KV at once. False if already gone."""
@@ -103,6 +122,8 @@ class Engine(GroupPath, RunPath, GapColumns):
                 else:
                     self._g_leave(r)
             self.running.remove(r)
+        elif r in self.held:
+            self.held.remove(r)
         elif not self.waiting.remove(r):
             return False
         self.kv.release(r)
@@ -111,7 +132,7 @@ class Engine(GroupPath, RunPath, GapColumns):
 
     @property
     def has_work(self) -> bool:
-        return bool(self.running) or len(self.waiting) > 0
+        return bool(self.running) or len(self.waiting) > 0 or bool(self.held)
 
     # ---- one scheduling step -------------------------------------------------------------------
     def schedule(self, now_s: float) -> Step | None:

@@ -92,7 +92,8 @@ class Replica:
             self.rec.event(self.env.now, self._k_failed, self.scope, req.request_id, 0.0, "replica_down")
             self.engine._finish(req, self.env.now, "crashed")
             return
-        self.engine.add(req)
+        # async scheduling: arriving while the process is busy, the request misses the step vLLM has already formed
+        self.engine.add(req, held=self.engine.cfg.async_scheduling and not self._idle)
         self.rec.event(self.env.now, self._k_queued, self.scope, req.request_id, float(req.prompt_tokens))
         self._levels()
         self._poke()
@@ -136,7 +137,7 @@ class Replica:
         self._idle = self._cut = False
         now = self.env.now
         eng = self.engine
-        dropped = [*eng.running, *eng.waiting.items()]
+        dropped = [*eng.running, *eng.waiting.items(), *eng.held]
         for r in dropped:
             eng.abort(r, now, "crashed")
             self.rec.event(now, self._k_failed, self.scope, r.request_id, float(r.num_output), reason)
@@ -169,6 +170,9 @@ class Replica:
             if self._pending_aborts:
                 self._apply_aborts()
             if not eng.running and not waiting._n:  # (not eng.has_work)
+                if eng.held:  # (async scheduling) nothing ran on past the last step: vLLM had no step formed
+                    eng.release_held()
+                    continue
                 self._wake = env.event()
                 self._idle = True
                 idle_from = env.now if self._step_index else -_INF  # before the first step: idle all along
@@ -178,13 +182,18 @@ class Replica:
                     self._woke_after_idle(env.now - idle_from)
                 continue
             step = eng.schedule(env.now)
+            # (async scheduling) requests that arrived during the last step join the step after this one, so
+            # this one is advanced alone
+            released = eng.release_held() if eng.held else 0
+            if step is None and released:
+                step = eng.schedule(env.now)
             if step is None:
                 raise RuntimeError(f"{self.scope}: work is queued but nothing can be scheduled "
                                    f"(KV pool too small for the head request?)")
             if step.admitted or step.preempted:
                 self._note_schedule(step)
             self.events += 1
-            if step.uniform_decode and self.max_run > 1:
+            if step.uniform_decode and self.max_run > 1 and not released:
                 k = eng.max_decode_run(step, self.max_run)
             else:
                 k = 1
@@ -311,7 +320,7 @@ class Replica:
         pool = eng.kv
         # pool.usage(), inlined (the same expression: the same float; this runs once per engine event)
         kv = 1.0 - (len(pool.head) + (pool.num_blocks - pool.fresh) + pool.tail_len) / (pool.num_blocks - 1)
-        running, waiting = len(eng.running), eng.waiting._n
+        running, waiting = len(eng.running), eng.waiting._n + len(eng.held)  # (held: async scheduling's arrivals)
         if running != last[0]:  # (counts compared as ints, recorded as floats)
             last[0] = running
             self.rec.level(self.env.now, self.scope, "running", float(running))

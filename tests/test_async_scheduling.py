@@ -1,0 +1,160 @@
+"""Async scheduling (vLLM's GPU default, ../shared/reference/vllm-engine-semantics.md §2.12): the engine forms step
+N+1 while step N runs, so a request that arrives during step N is first scheduled in step N+2 (N+1 when scheduling
+is synchronous, as on vLLM's CPU backend and twin's default). Recorded runs say which one they ran with."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from enginekit import make_engine, req
+from twin.calibration.recorded import load_recorded_run
+from twin.models.workload import RequestSpec
+from twin.replay import replay_scenario
+from twin.runner import SingleReplicaRun, run_scenario
+from twin.scenario import parse_scenario
+
+STEP_S = 0.01  # every step takes this long, whatever it holds: a late admission shows as whole steps
+
+
+def _scenario(async_scheduling: bool, *, max_run: int = 512, workload: dict | None = None):
+    return parse_scenario({
+        "name": "async-scheduling", "seed": 5,
+        "workload": workload or {"kind": "synthetic", "num_requests": 1, "arrival": {"kind": "offline"},
+                                 "prompt_tokens": {"kind": "constant", "value": 1},
+                                 "output_tokens": {"kind": "constant", "value": 1}},
+        "replica": {"step_time": {"kind": "fixed", "step_s": STEP_S}, "max_decode_run_steps": max_run,
+                    "engine": {"num_gpu_blocks": 400, "max_num_batched_tokens": 512, "max_num_seqs": 16,
+                               "max_model_len": 2048, "async_scheduling": async_scheduling}},
+        "output": {"record_iterations": True, "record_token_times": True},
+    })
+
+
+def _spec(rid: str, at: float, *, prompt: int = 64, out: int = 40) -> RequestSpec:
+    ids = tuple(range(1000 * (1 + ord(rid[-1])), 1000 * (1 + ord(rid[-1])) + prompt))
+    return RequestSpec(request_id=rid, arrival_s=at, pieces=(("ids", ids),), prompt_tokens=prompt,
+                       output_tokens=out, max_tokens=out, output_segment=ord(rid[-1]))
+
+
+def _requests(async_scheduling: bool, specs: list[RequestSpec], **kw) -> dict[str, dict]:
+    res = run_scenario(_scenario(async_scheduling, **kw), specs=specs)
+    assert res.ok, res.manifest.get("exception")
+    t = res.tables["requests"].to_pylist()
+    return {r["request_id"]: r for r in t}
+
+
+@pytest.mark.parametrize("max_run", [1, 512])
+def test_an_arrival_during_a_step_is_scheduled_one_step_later_with_async_scheduling(max_run):
+    # a decodes from step 1 on (one step each 10 ms); b arrives 5 ms into the step that starts at 20 ms. With decode
+    # runs on (512) its arrival cuts a's run, as it must in both modes
+    specs = [_spec("a", 0.0), _spec("b", 0.025)]
+    sync, asyn = _requests(False, specs, max_run=max_run), _requests(True, specs, max_run=max_run)
+    assert sync["b"]["queue_s"] == pytest.approx(0.005)  # the next step, at 30 ms
+    assert asyn["b"]["queue_s"] == pytest.approx(0.015)  # the step after, at 40 ms: the one at 30 ms was formed
+    assert asyn["b"]["ttft_s"] - sync["b"]["ttft_s"] == pytest.approx(STEP_S)
+    assert asyn["a"]["token_times_s"] == pytest.approx(sync["a"]["token_times_s"])  # a's steps are unchanged
+
+
+def test_an_arrival_at_an_idle_replica_is_scheduled_at_once_in_both_modes():
+    specs = [_spec("a", 0.0, out=3), _spec("b", 0.5, out=3)]
+    for mode in (False, True):
+        r = _requests(mode, specs)
+        assert r["a"]["queue_s"] == 0.0 and r["b"]["queue_s"] == 0.0, mode
+
+
+def test_an_arrival_during_the_last_step_of_everything_is_scheduled_next():
+    # a's only token comes from its prefill step (0-10 ms): nothing runs on after it, so vLLM formed no step while
+    # it ran, and b (sent at 5 ms) is scheduled at 10 ms in both modes
+    specs = [_spec("a", 0.0, out=1), _spec("b", 0.005, out=3)]
+    sync, asyn = _requests(False, specs), _requests(True, specs)
+    assert sync["b"]["queue_s"] == pytest.approx(0.005)
+    assert asyn["b"]["queue_s"] == pytest.approx(0.005)
+
+
+def test_async_scheduling_delays_first_tokens_and_decode_runs_keep_its_tables():
+    # (test_runner_properties draws async_scheduling too, for every invariant there)
+    wl = {"kind": "synthetic", "num_requests": 120, "arrival": {"kind": "poisson", "rate_per_s": 30.0},
+          "prompt_tokens": {"kind": "uniform", "low": 16, "high": 300},
+          "output_tokens": {"kind": "uniform", "low": 1, "high": 80}}
+    one = run_scenario(_scenario(True, max_run=1, workload=wl))
+    runs = run_scenario(_scenario(True, max_run=512, workload=wl))
+    sync = run_scenario(_scenario(False, max_run=512, workload=wl))
+    assert one.ok and runs.ok and sync.ok
+    a, b = one.tables["requests"], runs.tables["requests"]
+    assert a.column("request_id").equals(b.column("request_id"))
+    for col in ("queue_s", "ttft_s", "e2e_s"):  # (a run sums its step times in another order: the last bits move)
+        assert np.allclose(a.column(col).to_numpy(), b.column(col).to_numpy(), rtol=1e-12, atol=1e-12), col
+    composition = ("ctx_requests", "ctx_tokens", "gen_requests", "gen_tokens")
+    assert one.tables["iterations"].select(composition).equals(runs.tables["iterations"].select(composition))
+    # later first tokens than synchronous scheduling, by under a step on average (some arrivals find it idle)
+    t_async = np.mean(a.column("ttft_s").to_numpy())
+    t_sync = np.mean(sync.tables["requests"].column("ttft_s").to_numpy())
+    assert 0 < t_async - t_sync < STEP_S
+
+
+def test_held_requests_count_as_waiting_so_littles_law_still_holds():
+    wl = {"kind": "synthetic", "num_requests": 200, "arrival": {"kind": "poisson", "rate_per_s": 40.0},
+          "prompt_tokens": {"kind": "uniform", "low": 16, "high": 300},
+          "output_tokens": {"kind": "uniform", "low": 1, "high": 60}}
+    res = run_scenario(_scenario(True, workload=wl))
+    assert res.ok
+    s = res.summary
+    levels = res.world.rec.level_means(s["sim_time_s"])
+    in_system = levels[("replica", "running")] + levels[("replica", "waiting")]
+    e2e = res.tables["requests"].column("e2e_s").to_pylist()
+    assert in_system == pytest.approx(len(e2e) / s["sim_time_s"] * sum(e2e) / len(e2e), rel=1e-9)
+
+
+def test_a_held_request_is_kept_out_of_the_next_step_and_can_be_aborted():
+    eng = make_engine(async_scheduling=True)
+    a, b, c = req("a", 40, out=5), req("b", 40, out=5), req("c", 40, out=5)
+    eng.add(a)
+    eng.add(b, held=True)
+    eng.add(c, held=True)
+    step = eng.schedule(0.0)
+    assert [r.request_id for r in step.reqs] == ["a"]
+    assert eng.has_work and len(eng.held) == 2
+    assert eng.abort(c, 0.001)
+    assert c.finished_reason == "abort" and eng.held == [b]
+    assert eng.release_held() == 1 and eng.held == []
+    eng.complete(step, 0.01)
+    assert sorted(r.request_id for r in eng.schedule(0.01).reqs) == ["a", "b"]
+
+
+def test_a_crash_drops_the_held_requests_too():
+    world = SingleReplicaRun(_scenario(True), seed=5, replication=0, specs=[_spec("a", 0.0), _spec("b", 0.025)])
+    world.start()
+    world.env.run(until=0.027)
+    assert [r.request_id for r in world.engine.held] == ["b"]
+    dropped = world.replica.crash()
+    assert sorted(r.request_id for r in dropped) == ["a", "b"]
+    assert world.engine.held == [] and not world.engine.has_work
+
+
+def _run_json(tmp_path, **over) -> object:
+    src = Path(__file__).parent / "fixtures" / "recorded" / "offline-mixed"
+    run = json.loads((src / "run.json").read_text())
+    run.update(over)
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "run.json").write_text(json.dumps(run))
+    (d / "requests.jsonl").write_text((src / "requests.jsonl").read_text())
+    return load_recorded_run(d)
+
+
+@pytest.mark.parametrize(("hardware", "args", "expected"), [
+    ("cpu 2-core x86_64 avx512 (AMD EPYC)", [], False),  # vLLM's CPU backend forces it off
+    ("1xH100-80GB", [], True),  # vLLM's GPU default
+    ("1xH100-80GB", ["--no-async-scheduling"], False),
+    ("1xH100-80GB", ["--async-scheduling", "--no-async-scheduling"], False),  # the last one wins
+    ("cpu 2-core", ["--async-scheduling"], True),
+    ("1xH100-80GB", ["--async-scheduling=false"], False),
+])
+def test_a_recorded_run_says_whether_it_scheduled_asynchronously_and_the_replay_follows(tmp_path, hardware, args,
+                                                                                        expected):
+    rec = _run_json(tmp_path, hardware=hardware, engine_args=args)
+    assert rec.run.async_scheduling is expected
+    assert replay_scenario(rec, None).replica.engine.async_scheduling is expected
