@@ -219,26 +219,29 @@ class Clients:
                                                             message_tokens=turn.message_tokens, extra=extra)
         reason = None
         resume = record.persisted_tokens if record.persisted_tokens < turn.output_tokens else 0
+        called = 0  # tokens the tool call streamed back
+        if turn.klass == "tool":
+            call_seg = TOOLCALL_SEG(turn.turn_id)
+            call_tokens = 60
+            if not resume:  # (a resumed answer's tool call and result came before it: the tool ran once)
+                first = yield from self.gen.generate(turn, pieces=pieces, prompt_tokens=prompt_tokens,
+                                                     output_tokens=call_tokens, output_segment=call_seg, gen="g0",
+                                                     needs_tools=True)
+                called = first.generated_tokens = first.output_tokens
+                first.output_tokens = 0
+                if first.kind != "completed":
+                    conv.fail(record)
+                    return first
+                reason = yield from self.tool_step(turn)
+            # the call and its result are in the answer's prompt, a resumed answer's too
+            pieces = [*pieces, ("seg", (call_seg, call_tokens)),
+                      ("seg", (TOOLRESULT_SEG(turn.turn_id), tr.tool_result_tokens))]
+            prompt_tokens += call_tokens + tr.tool_result_tokens
         if resume:
             # resume after a failure from the last persisted token: prompt + generated tokens re-prefill
             pieces = [*pieces, ("seg", (answer_seg, resume))]
             prompt_tokens += resume
             w.rec.event(env.now, "request.resumed", "client", turn.turn_id, float(resume))
-        called = 0  # tokens the tool call streamed back
-        if turn.klass == "tool" and not resume:
-            call_seg = TOOLCALL_SEG(turn.turn_id)
-            call_tokens = 60
-            first = yield from self.gen.generate(turn, pieces=pieces, prompt_tokens=prompt_tokens, output_tokens=call_tokens,
-                                             output_segment=call_seg, gen="g0", needs_tools=True)
-            called = first.generated_tokens = first.output_tokens
-            first.output_tokens = 0
-            if first.kind != "completed":
-                conv.fail(record)
-                return first
-            reason = yield from self.tool_step(turn)
-            pieces = [*pieces, ("seg", (call_seg, call_tokens)),
-                      ("seg", (TOOLRESULT_SEG(turn.turn_id), tr.tool_result_tokens))]
-            prompt_tokens += call_tokens + tr.tool_result_tokens
         outcome = yield from self.gen.generate(turn, pieces=pieces, prompt_tokens=prompt_tokens,
                                            output_tokens=turn.output_tokens - resume, output_segment=answer_seg,
                                            gen=f"g1r{resume}" if resume else "g1", needs_tools=turn.klass == "tool",
