@@ -18,14 +18,14 @@ from twin.runner import SingleReplicaRun, run_scenario
 from twin.scenario import parse_scenario
 
 STEP_S = 0.01  # every step takes this long, whatever it holds: a late admission shows as whole steps
+ONE_REQUEST = {"kind": "synthetic", "num_requests": 1, "arrival": {"kind": "offline"},  # (the tests send their own)
+               "prompt_tokens": {"kind": "constant", "value": 1}, "output_tokens": {"kind": "constant", "value": 1}}
 
 
 def _scenario(async_scheduling: bool, *, max_run: int = 512, workload: dict | None = None):
     return parse_scenario({
         "name": "async-scheduling", "seed": 5,
-        "workload": workload or {"kind": "synthetic", "num_requests": 1, "arrival": {"kind": "offline"},
-                                 "prompt_tokens": {"kind": "constant", "value": 1},
-                                 "output_tokens": {"kind": "constant", "value": 1}},
+        "workload": workload or ONE_REQUEST,
         "replica": {"step_time": {"kind": "fixed", "step_s": STEP_S}, "max_decode_run_steps": max_run,
                     "engine": {"num_gpu_blocks": 400, "max_num_batched_tokens": 512, "max_num_seqs": 16,
                                "max_model_len": 2048, "async_scheduling": async_scheduling}},
@@ -158,3 +158,33 @@ def test_a_recorded_run_says_whether_it_scheduled_asynchronously_and_the_replay_
     rec = _run_json(tmp_path, hardware=hardware, engine_args=args)
     assert rec.run.async_scheduling is expected
     assert replay_scenario(rec, None).replica.engine.async_scheduling is expected
+
+
+@pytest.mark.parametrize(("step_time", "setting", "expected"), [
+    ({"kind": "profile", "profile": "llama3-70b-fp8-tp4-h100"}, None, True),  # a GPU: vLLM resolves it on
+    ({"kind": "profile", "profile": "llama3-8b-bf16-tp1-h200"}, None, True),
+    ({"kind": "profile", "profile": "cpu-tiny-llama"}, None, False),  # vLLM's CPU backend forces it off
+    ({"kind": "fixed", "step_s": STEP_S}, None, False),
+    ({"kind": "profile", "profile": "llama3-70b-fp8-tp4-h100"}, False, False),  # set: as set
+    ({"kind": "profile", "profile": "cpu-tiny-llama"}, True, True),
+])
+def test_an_unset_async_scheduling_resolves_as_vllm_resolves_it(step_time, setting, expected):
+    engine = {"num_gpu_blocks": 400, "max_model_len": 2048}
+    if setting is not None:
+        engine["async_scheduling"] = setting
+    sc = parse_scenario({"name": "resolve", "workload": ONE_REQUEST,
+                         "replica": {"step_time": step_time, "engine": engine}})
+    world = SingleReplicaRun(sc, seed=0, replication=0, specs=[])
+    assert world.engine.cfg.async_scheduling is expected
+
+
+def test_every_fleet_replica_of_a_gpu_profile_schedules_asynchronously():
+    from twin.models.fleet import FleetWorld
+    from twin.scenario import load_scenario
+
+    sc = load_scenario("scenarios/launch-day-10x.yaml")
+    world = FleetWorld(sc, seed=1, replication=0)
+    assert world.handles and all(h.replica.engine.cfg.async_scheduling for h in world.handles)
+    off = load_scenario("scenarios/launch-day-10x.yaml", overrides=["fleet.models.large.engine.async_scheduling=false"])
+    world = FleetWorld(off, seed=1, replication=0)
+    assert {h.model for h in world.handles if not h.replica.engine.cfg.async_scheduling} == {"large"}

@@ -107,3 +107,28 @@ def test_text_prompts_use_four_bytes_per_token_and_stream_token_ids(emulator) ->
     assert ids == [output_token_id(k, 32000) for k in range(6)]
     assert chunks[-1]["usage"]["prompt_tokens"] == 12
     assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_gpu_profile_schedules_asynchronously_an_arrival_waits_out_the_step_after_it() -> None:
+    # vLLM on a GPU formed the next step while the one in flight ran, so a request that arrives mid-step waits at
+    # least one whole step more than its arrival's own step (a CPU profile resolves it off: test_async_scheduling)
+    import threading
+
+    servers = LocalServers()
+    emu = build_emulator(profile=PROFILE, engine_overrides={"max_model_len": 2048, "num_gpu_blocks": 1024})
+    assert emu.engine.cfg.async_scheduling
+    added = []
+    add = emu.engine.add
+    emu.engine.add = lambda r, held=False: (added.append(r), add(r, held=held))[1]  # type: ignore[method-assign]
+    port = servers.start(emu.app())
+    try:
+        first = threading.Thread(target=call, args=(port, "/v1/completions", {"prompt": [7] * 500, "max_tokens": 80}))
+        first.start()
+        time.sleep(0.15)  # well inside the first request's decode steps
+        assert call(port, "/v1/completions", {"prompt": [9] * 10, "max_tokens": 2})[0] == 200
+        first.join()
+    finally:
+        servers.close()
+    late = added[1]
+    step_s = emu.step_model.step_time_s(StepShape(decode_requests=1, decode_context_tokens=500))
+    assert late.first_scheduled_s - late.arrival_s >= 0.99 * step_s, (late.first_scheduled_s - late.arrival_s, step_s)

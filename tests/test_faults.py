@@ -59,6 +59,11 @@ def test_crash_drops_streams_resumed_turns_reprefill_and_none_completes_twice():
         first = gens[f"{turn}/g1"]
         again = gens[f"{turn}/g1r{int(persisted)}"]
         assert again >= first + persisted  # prompt + generated tokens (history may have grown nothing)
+    # among them a tool turn, whose answer's prompt holds the tool call and its result: a resumed answer's must too
+    # (it once re-prefilled the turn's first prompt and the persisted tokens only)
+    tools = {r for k, r, why in zip(ev["kind"], ev["request_id"], ev["reason"])
+             if k == "request.arrived" and why == "tool"}
+    assert set(resumed) & tools
     assert res.world.conversation.duplicate_completions == 0
 
 

@@ -34,9 +34,10 @@ class EngineSettings(_Model):
     policy: Literal["fcfs", "priority"] = "fcfs"
     scheduler_reserve_full_isl: bool = True
     watermark: Annotated[float, Field(ge=0.0, lt=1.0)] = 0.0
-    # vLLM's GPU default is on (semantics §2.12): an arrival during step N is first scheduled in N+2, not N+1. Off
-    # here, as on vLLM's CPU backend, until the fleet's baselines move to it (docs/engine.md)
-    async_scheduling: bool = False
+    # form step N+1 while step N runs, so an arrival during step N is first scheduled in N+2 (semantics §2.12).
+    # None: as vLLM resolves it, on with a GPU profile, off with a CPU profile (the CPU backend forces it off) or a
+    # fixed step time (docs/engine.md)
+    async_scheduling: bool | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> EngineSettings:

@@ -71,14 +71,25 @@ def build_step_model(rc: ReplicaConfig) -> tuple[StepTimeModel, int]:
     return profile.step_time_model(), int(blocks)
 
 
-def engine_config(es: EngineSettings, num_gpu_blocks: int) -> EngineConfig:
+def on_gpu(rc: ReplicaConfig) -> bool:
+    """Whether the replica's step time is a GPU profile's (``engine_config``'s ``gpu``); a fixed step time is not."""
+    if rc.step_time.kind != "profile":
+        return False
+    from twin.engine_profiles import load_profile
+
+    return load_profile(rc.step_time.profile).on_gpu
+
+
+def engine_config(es: EngineSettings, num_gpu_blocks: int, *, gpu: bool = False) -> EngineConfig:
+    """The engine's limits from the scenario's settings; ``gpu``: the replica runs a GPU profile, where an unset
+    ``async_scheduling`` resolves on (as vLLM resolves it)."""
     return EngineConfig(
         num_gpu_blocks=num_gpu_blocks, block_size=es.block_size, max_num_batched_tokens=es.max_num_batched_tokens,
         max_num_seqs=es.max_num_seqs, max_model_len=es.max_model_len, enable_chunked_prefill=es.enable_chunked_prefill,
         enable_prefix_caching=es.enable_prefix_caching, long_prefill_token_threshold=es.long_prefill_token_threshold,
         long_prefill_token_threshold_adaptive=es.long_prefill_token_threshold_adaptive, policy=es.policy,
         scheduler_reserve_full_isl=es.scheduler_reserve_full_isl, watermark=es.watermark,
-        async_scheduling=es.async_scheduling)
+        async_scheduling=gpu if es.async_scheduling is None else es.async_scheduling)
 
 
 class SingleReplicaRun:
@@ -93,7 +104,7 @@ class SingleReplicaRun:
         model, blocks = build_step_model(sc.replica)
         if step_model is not None:
             model = step_model
-        self.cfg = engine_config(sc.replica.engine, blocks)
+        self.cfg = engine_config(sc.replica.engine, blocks, gpu=on_gpu(sc.replica))
         self.engine = Engine(self.cfg)
         self.replica = Replica(self.env, scope="replica", engine=self.engine, step_model=model, recorder=self.rec,
                                max_decode_run_steps=sc.replica.max_decode_run_steps, on_finished=self._finished)

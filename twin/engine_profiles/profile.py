@@ -438,6 +438,12 @@ class EngineProfile:
     memory = property(lambda self: self.spec.memory)
 
     @property
+    def on_gpu(self) -> bool:
+        """A GPU profile: vLLM resolves ``async_scheduling`` on there and forces it off on a CPU (its hardware
+        name beginning with "cpu", as the CPU profiles' do)."""
+        return not self.spec.hardware.name.strip().lower().startswith("cpu")
+
+    @property
     def kv_bytes_per_token(self) -> int:
         """KV bytes per token for the whole replica (all TP ranks together)."""
         return self._kv_bytes_per_token

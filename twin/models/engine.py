@@ -14,12 +14,14 @@
 ``Engine.complete()`` applies one step's outputs at its end time; ``max_decode_run()`` and
 ``complete_decode_run()`` let the caller advance many identical decode steps in one event.
 
-Scheduling is synchronous by default (vLLM's CPU backend): a request that arrives while a step runs is eligible for
-the next step. ``async_scheduling`` (vLLM's GPU default, semantics §2.12) makes it the step after: the replica hands
-such a request in with ``add(r, held=True)`` and releases it (``release_held``) once the next step is formed, which
-vLLM formed while the step in flight ran. Simplifications (also in docs/engine.md): with async scheduling a request
-that finishes in a step is not carried into the next one as a wasted slot; no speculative decoding, LoRA, encoder
-cache or KV connectors; stop strings are modelled as the drawn output length.
+Synchronous scheduling (vLLM's CPU backend): a request that arrives while a step runs is eligible for the next
+step. ``async_scheduling`` (vLLM's GPU default, semantics §2.12; the scenario's setting resolves it as vLLM does)
+makes it the step after: the replica hands such a request in with ``add(r, held=True)`` and releases it
+(``release_held``) once the next step is formed, which vLLM formed while the step in flight ran.
+
+Simplifications (also in docs/engine.md): with async scheduling a request that finishes in a step is not carried
+into the next one as a wasted slot; no speculative decoding, LoRA, encoder cache or KV connectors; stop strings are
+modelled as the drawn output length.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class EngineConfig:
     policy: str = "fcfs"  # or "priority"
     scheduler_reserve_full_isl: bool = True
     watermark: float = 0.0
-    async_scheduling: bool = False  # vLLM's GPU default; the replica holds arrivals back one step (module doc)
+    async_scheduling: bool = False  # the replica holds arrivals back one step (module doc; vLLM's GPU default)
 
     def __post_init__(self) -> None:
         if self.policy not in ("fcfs", "priority"):

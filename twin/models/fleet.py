@@ -69,7 +69,8 @@ class FleetWorld:
                                                                 engine=m.engine))
             per_node = max(fc.topology.gpus_per_node // profile.tp, 1)
             self.model_info[name] = {"profile": profile, "step_model": step_model,
-                                     "engine": engine_config(m.engine, blocks), "per_node": per_node,
+                                     "engine": engine_config(m.engine, blocks, gpu=profile.on_gpu),
+                                     "per_node": per_node,
                                      "tp": profile.tp, "price": profile.hardware.price_per_gpu_hour_usd}
         handles: list[ReplicaHandle] = []
         self.placements: set[tuple[str, str]] = set()

@@ -58,6 +58,7 @@ class EmulatedReplica:
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
         self._pending_aborts: list[EngineRequest] = []
+        self._idle = True  # the loop waits for work (an arrival then is not held back under async scheduling)
         # Live requests -> [their token queue, output tokens already pushed]. The loop pushes new token
         # counts after each step and None when the request ends (no engine callbacks needed).
         self._streams: dict[EngineRequest, list] = {}
@@ -102,7 +103,9 @@ class EmulatedReplica:
             self._apply_aborts()
             if not eng.has_work:
                 wake.clear()
+                self._idle = True
                 await wake.wait()
+                self._idle = False
                 prev_end = None
                 continue
             now = self.now_s()
@@ -110,6 +113,9 @@ class EmulatedReplica:
             # unless the loop fell far behind (an overloaded host): then it restarts from now.
             t_start = prev_end if prev_end is not None and now - prev_end < MAX_LAG_S else now
             step = eng.schedule(t_start)
+            # (async scheduling) requests that arrived during the last step join the step after this one
+            if eng.held and eng.release_held() and step is None:
+                step = eng.schedule(t_start)
             if step is None:  # nothing schedulable (the head request can never fit the KV pool): fail, not spin
                 stuck = [eng.waiting.peek()] if len(eng.waiting) else list(eng.running)
                 for r in stuck:
@@ -203,7 +209,8 @@ class EmulatedReplica:
                                          output_segment=self._n))
         queue: asyncio.Queue[int | None] = asyncio.Queue()
         self._streams[req] = [queue, 0]
-        self.engine.add(req)
+        # async scheduling (a GPU profile's default): arriving while a step runs, it misses the step already formed
+        self.engine.add(req, held=self.engine.cfg.async_scheduling and not self._idle)
         self._poke()
         try:
             if parsed.stream:
@@ -308,11 +315,11 @@ def build_emulator(*, profile: str, engine_overrides: dict[str, Any] | None = No
     num_gpu_blocks, max_num_batched_tokens, max_num_seqs, max_model_len, ...); unset ones keep their
     defaults, and ``num_gpu_blocks`` is derived from the profile's memory model when not given.
     """
-    from twin.runner import build_step_model, engine_config
+    from twin.runner import build_step_model, engine_config, on_gpu
     from twin.scenario import EngineSettings, ProfileStepTime, ReplicaConfig
 
     settings = EngineSettings(**(engine_overrides or {}))
     rc = ReplicaConfig(step_time=ProfileStepTime(profile=profile), engine=settings)
     step_model, blocks = build_step_model(rc)
-    return EmulatedReplica(engine=Engine(engine_config(settings, blocks)), step_model=step_model,
+    return EmulatedReplica(engine=Engine(engine_config(settings, blocks, gpu=on_gpu(rc))), step_model=step_model,
                            model_name=model_name, vocab_size=vocab_size, time_scale=time_scale)
