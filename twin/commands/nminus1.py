@@ -1,4 +1,5 @@
-"""``twin n-minus-1 [--scenario F] [--shares 0.5,0.6,0.7,0.8] [--region R] [--at T] [--json]``."""
+"""``twin n-minus-1 [--scenario F] [--shares 0.5,0.6,0.7,0.8] [--region R] [--at T] [--seed N | --seeds 1,2,3]
+[--json]``."""
 
 from __future__ import annotations
 
@@ -14,7 +15,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--region", default="us-east", help="the region to lose")
     p.add_argument("--at", type=float, default=60.0, help="when it is lost (simulated s)")
     p.add_argument("--target", type=float, default=0.95, help="SLO attainment that counts as holding")
-    p.add_argument("--seed", type=int, default=None)
+    seeds = p.add_mutually_exclusive_group()
+    seeds.add_argument("--seed", type=int, default=None)
+    seeds.add_argument("--seeds", default=None,
+                       help="run each share on each of these seeds (e.g. 1,2,3); a share holds when it holds on all")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--json", action="store_true")
 
@@ -30,8 +34,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"twin n-minus-1: --shares must be numbers, got {args.shares!r}", file=sys.stderr)
         return 2
     try:
+        seeds = [int(x) for x in args.seeds.split(",") if x.strip()] if args.seeds else None
+    except ValueError:
+        print(f"twin n-minus-1: --seeds must be whole numbers, got {args.seeds!r}", file=sys.stderr)
+        return 2
+    if args.seeds is not None and not seeds:
+        print("twin n-minus-1: --seeds names no seed", file=sys.stderr)
+        return 2
+    try:
         rep = check(args.scenario, shares=shares, region=args.region, fail_at_s=args.at, target=args.target,
-                    seed=args.seed, overrides=args.overrides)
+                    seed=args.seed, seeds=seeds, overrides=args.overrides)
     except ScenarioError as exc:
         print(f"twin n-minus-1: {exc}", file=sys.stderr)
         return 2
