@@ -13,6 +13,13 @@ PosInt = Annotated[int, Field(gt=0)]
 MAX_GPU_BLOCKS = 50_000_000
 
 
+def cpu_hardware(name: str) -> bool:
+    """A hardware name (a profile's ``hardware.name``, a recording's ``hardware``) that is a CPU: it begins with "cpu",
+    as every CPU profile's and CPU recording's does. vLLM's CPU backend forces ``async_scheduling`` off; on a GPU its
+    default is on."""
+    return name.strip().lower().startswith("cpu")
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -22,6 +22,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from twin.engine_settings import cpu_hardware
+
 FORMAT = "twin-recorded-run/1"
 ITERATION_COLUMNS: tuple[str, ...] = (
     "step",
@@ -90,7 +92,7 @@ class RunInfo(BaseModel):
                 return False
             if flag == "--async-scheduling":
                 return value.lower() not in ("false", "0", "no") if value else True
-        return not self.hardware.strip().lower().startswith("cpu")
+        return not cpu_hardware(self.hardware)
 
     @property
     def usable_blocks(self) -> int:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler
 from twin.engine_profiles.memory import kv_bytes_per_token, weight_bytes
 from twin.engine_profiles.step import StepShape
 from twin.engine_profiles.step_time import LinearStepTimeModel
+from twin.engine_settings import cpu_hardware
 
 Dtype = Literal["bf16", "fp8"]
 
@@ -439,9 +440,8 @@ class EngineProfile:
 
     @property
     def on_gpu(self) -> bool:
-        """A GPU profile: vLLM resolves ``async_scheduling`` on there and forces it off on a CPU (its hardware
-        name beginning with "cpu", as the CPU profiles' do)."""
-        return not self.spec.hardware.name.strip().lower().startswith("cpu")
+        """A GPU profile (``twin.engine_settings.cpu_hardware`` says no): vLLM resolves ``async_scheduling`` on."""
+        return not cpu_hardware(self.spec.hardware.name)
 
     @property
     def kv_bytes_per_token(self) -> int:
