@@ -24,13 +24,14 @@ StepFn = Callable[[StepShape], float]
 
 @dataclass(frozen=True)
 class SiliconPoint:
-    """A measured vLLM serving point (fixed concurrency, fixed ISL/OSL): mean TPOT in seconds."""
+    """A measured vLLM serving point (fixed concurrency, fixed ISL/OSL): mean TPOT and TTFT in seconds."""
 
     tp: int
     isl: int
     osl: int
     concurrency: int
     tpot_s: float
+    ttft_s: float | None = None  # (the file's mean TTFT; None where it has none)
 
 
 def silicon_points(root: Path, *, model_path: str, system: str, precision: str) -> list[SiliconPoint]:
@@ -53,6 +54,7 @@ def silicon_points(root: Path, *, model_path: str, system: str, precision: str) 
                         osl=int(r["osl"]),
                         concurrency=int(r["batch_size"]),
                         tpot_s=float(r["silicon_tpot_ms"]) * 1e-3,
+                        ttft_s=float(r["silicon_ttft_ms"]) * 1e-3 if r["silicon_ttft_ms"] else None,
                     )
                 )
     return sorted(out, key=lambda p: (p.tp, p.isl, p.osl, p.concurrency))
