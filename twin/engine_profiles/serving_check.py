@@ -148,7 +148,8 @@ def format_checks(profile: str, checks: list[PointCheck]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m twin.engine_profiles.serving_check", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m twin.engine_profiles.serving_check",
+                                 description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--profile", default="llama3-70b-fp8-tp4-h100")
     ap.add_argument("--model-path", default="meta-llama/Llama-3.1-70B", help="silicon_sample.csv's model_path")
     ap.add_argument("--system", default="h100_sxm")
@@ -166,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
                                         precision=args.precision)
               if p.tp == tp and (args.max_osl is None or p.osl <= args.max_osl)]
     if not points:
-        print(f"serving_check: no {args.model_path} {args.precision} point on {args.system} at TP {tp}", file=sys.stderr)
+        print(f"serving_check: no {args.model_path} {args.precision} point on {args.system} at TP {tp}",
+              file=sys.stderr)
         return 2
     checks = check_points(args.profile, points, prompts_per_stream=args.prompts_per_stream,
                           osl_jitter=args.osl_jitter, stagger_s=args.stagger_s, keep_first_wave=args.keep_first_wave)
