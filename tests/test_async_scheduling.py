@@ -4,6 +4,7 @@ is synchronous, as on vLLM's CPU backend and twin's default). Recorded runs say 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -188,3 +189,56 @@ def test_every_fleet_replica_of_a_gpu_profile_schedules_asynchronously():
     off = load_scenario("scenarios/launch-day-10x.yaml", overrides=["fleet.models.large.engine.async_scheduling=false"])
     world = FleetWorld(off, seed=1, replication=0)
     assert {h.model for h in world.handles if not h.replica.engine.cfg.async_scheduling} == {"large"}
+
+
+def _recording_of_a_replay(out: Path, *, asynchronous: bool, profile: str) -> Path:
+    """A server recording made by the twin: a committed CPU server run's requests, replayed with ``profile`` under
+    ``--async-scheduling`` or ``--no-async-scheduling``, written in the recorded-run format (its token times, step
+    log and cached counts the twin's)."""
+    from twin.calibration._vllm_common import write_run
+    from twin.replay import replay
+
+    src = Path(__file__).parent / "fixtures" / "recorded" / "server-poisson-high"
+    run = json.loads((src / "run.json").read_text())
+    run["engine_args"] = [*run["engine_args"], "--async-scheduling" if asynchronous else "--no-async-scheduling"]
+    staged = out / "staged"
+    staged.mkdir(parents=True)
+    (staged / "run.json").write_text(json.dumps(run))
+    (staged / "requests.jsonl").write_text((src / "requests.jsonl").read_text())
+    rec = load_recorded_run(staged)
+    res = replay(rec, profile=profile, step_times="profile", noise=False)
+    assert res.ok
+    sent = {q.request_id: q for q in rec.requests}
+    reqs = sorted(({"request_id": r["request_id"], "arrival_s": sent[r["request_id"]].arrival_s,
+                    "prompt_token_ids": list(sent[r["request_id"]].prompt_token_ids),
+                    "max_tokens": sent[r["request_id"]].max_tokens, "output_tokens": len(r["token_times_s"]),
+                    "token_times_s": r["token_times_s"], "e2e_s": r["e2e_s"],
+                    "num_cached_tokens": r["num_cached_tokens"]} for r in res.tables["requests"].to_pylist()),
+                  key=lambda x: x["arrival_s"])
+    columns = ("ctx_requests", "ctx_tokens", "gen_requests", "gen_tokens", "elapsed_ms", "kv_usage_pct")
+    steps = [{"step": i, **{k: s[k] for k in columns}} for i, s in enumerate(res.tables["iterations"].to_pylist())]
+    write_run(out / "run", run, reqs, steps)
+    return out / "run"
+
+
+def test_the_arrival_fit_reads_an_async_recording_a_step_earlier(tmp_path):
+    from twin.calibration.server import arrival_bounds, fit_arrival_s, reconstruct
+    from twin.replay import server_front_end
+
+    profile = str(Path(__file__).parent / "fixtures" / "calibration" / "cpu-tiny-llama-freshclone-evening"
+                  / "cpu-tiny-llama.yaml")
+    fitted = {}
+    for asynchronous in (False, True):
+        rec = load_recorded_run(_recording_of_a_replay(tmp_path / str(asynchronous), asynchronous=asynchronous,
+                                                       profile=profile))
+        assert rec.run.async_scheduling is asynchronous
+        server = server_front_end(rec, profile)
+        steps = reconstruct(rec)
+        lower, upper = arrival_bounds(rec, steps, front_end_s=server.step_time.overhead_s)
+        fitted[asynchronous] = fit_arrival_s(lower, upper)
+        assert fitted[asynchronous] == (server.arrival_s, len(rec.requests))  # every request consistent with it
+        if asynchronous:  # read as if synchronous, the same recording fits a later arrival, fewer consistent
+            as_sync = dataclasses.replace(rec, run=rec.run.model_copy(
+                update={"engine_args": [*rec.run.engine_args, "--no-async-scheduling"]}))
+            d, n = fit_arrival_s(*arrival_bounds(as_sync, steps, front_end_s=server.step_time.overhead_s))
+            assert d > server.arrival_s + 0.002 and n < len(rec.requests)

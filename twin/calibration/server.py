@@ -313,16 +313,27 @@ def arrival_bounds(rec: RecordedRun, steps: ServerSteps, *, front_end_s: float,
     k's tokens less step k's recorded time (and the front end's ``front_end_s``), when step k finished its prompt.
     With ``step_front_s`` (each step's modelled front-end time, ``step_front_end_s``: a fit with stream ends) that
     interval is centred on step k's own front-end time instead, its half-width still ``front_end_s``.
+
+    A run recorded with async scheduling (``RunInfo.async_scheduling``: a GPU's default) formed step k as step k-1
+    started, so on a busy engine the bounds are a step earlier: the request came before step k-2's tokens and, if
+    step k-1 had room, after step k-3's; unless it was sent after step k-2's tokens, when step k can only have been
+    formed once step k-1 ended (nothing ran on) and the synchronous bounds hold.
     """
     budget = rec.run.max_num_batched_tokens
+    formed_back = 1 if rec.run.async_scheduling else 0  # async: step k was formed as step k-1 started
     lower, upper = [], []
     for r in rec.requests:
         k = steps.first_step[r.request_id]
         prev_end = steps.end_s.get(k - 1)
         if prev_end is not None and prev_end > r.arrival_s:  # busy engine
-            start_prev = steps.end_s.get(k - 2)
+            formed = steps.end_s.get(k - 1 - formed_back)  # (the client time of the tokens of the step before)
+            if formed is None or formed <= r.arrival_s:  # step k was formed after the send: nothing ran on
+                formed, j = prev_end, k - 1
+            else:
+                j = k - 1 - formed_back
+            start_prev = steps.end_s.get(j - 1)
             room = steps.shapes[k - 1].total_tokens < budget
-            upper.append(prev_end - r.arrival_s)
+            upper.append(formed - r.arrival_s)
             lower.append(start_prev - r.arrival_s if (room and start_prev is not None) else -np.inf)
         elif steps.token_steps[r.request_id][0] == k:  # idle engine, one-step prefill
             front = front_end_s if step_front_s is None else float(step_front_s[k])
