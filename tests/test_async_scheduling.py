@@ -242,3 +242,22 @@ def test_the_arrival_fit_reads_an_async_recording_a_step_earlier(tmp_path):
                 update={"engine_args": [*rec.run.engine_args, "--no-async-scheduling"]}))
             d, n = fit_arrival_s(*arrival_bounds(as_sync, steps, front_end_s=server.step_time.overhead_s))
             assert d > server.arrival_s + 0.002 and n < len(rec.requests)
+
+
+def test_replay_and_fidelity_say_when_a_recording_scheduled_asynchronously(tmp_path, capsys):
+    from twin.cli import main
+
+    profile = str(Path(__file__).parent / "fixtures" / "calibration" / "cpu-tiny-llama-freshclone-evening"
+                  / "cpu-tiny-llama.yaml")
+    gpu = _recording_of_a_replay(tmp_path / "gpu", asynchronous=True, profile=profile)
+    cpu = Path(__file__).parent / "fixtures" / "recorded" / "server-poisson-high"
+    assert main(["replay", str(gpu), "--profile", profile]) == 0
+    assert "(server, async scheduling, 48 requests)" in capsys.readouterr().out
+    assert main(["replay", str(cpu), "--profile", profile]) == 0
+    assert "(server, 48 requests)" in capsys.readouterr().out
+    out = tmp_path / "f.json"
+    assert main(["fidelity", "--profile", profile, str(gpu), str(cpu), "--json", str(out), "--draws", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "run (server, async scheduling, 48 requests)" in text  # (not a repeat of the synchronous run)
+    assert "server-poisson-high (server, 48 requests)" in text
+    assert [r["async_scheduling"] for r in json.loads(out.read_text())["runs"]] == [True, False]

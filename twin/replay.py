@@ -592,7 +592,8 @@ def compare(rec: RecordedRun, result: RunResult, *, server: Any = None) -> dict[
     ``server``: the profile's ``server`` section a server run was replayed with (``server_front_end``). The
     twin's logged step times leave out only the front end's per-step base, so its per-chunk and per-stream time is
     taken out of the twin's step-time sum here, as the recording's ``elapsed_ms`` has none of it."""
-    out: dict[str, Any] = {"run": rec.path.name, "mode": rec.run.mode, "requests": len(rec.requests)}
+    out: dict[str, Any] = {"run": rec.path.name, "mode": rec.run.mode, "requests": len(rec.requests),
+                           "async_scheduling": rec.run.async_scheduling}
     eng = result.world.engine
     twin_it = result.tables["iterations"].to_pydict()
     twin_comp = list(zip(*(twin_it[c] for c in COMPOSITION)))

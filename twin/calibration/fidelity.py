@@ -119,15 +119,15 @@ MEASURED_WORKLOAD_FIELDS = ("speed_probe", "front_end_pinning", "warmup_steps")
 
 
 def workload_key(rec: RecordedRun) -> str:
-    """Runs with equal keys are repeats: same mode and engine settings, and the same workload description in
-    run.json (less what the recorder measured, ``MEASURED_WORKLOAD_FIELDS``) or, where it has none, the same
-    request set (prompts, output lengths, send times to the ms; a server run's measured send times jitter, so the
-    description is preferred)."""
+    """Runs with equal keys are repeats: same mode and engine settings (async scheduling included), and the same
+    workload description in run.json (less what the recorder measured, ``MEASURED_WORKLOAD_FIELDS``) or, where it
+    has none, the same request set (prompts, output lengths, send times to the ms; a server run's measured send times
+    jitter, so the description is preferred)."""
     r = rec.run
     h = hashlib.sha256()
-    h.update(json.dumps([r.mode, r.engine_version, r.hardware, r.block_size, r.num_gpu_blocks,
-                         r.max_num_batched_tokens, r.max_num_seqs, r.max_model_len, r.enable_chunked_prefill,
-                         r.enable_prefix_caching, r.model_config_]).encode())
+    settings = [r.mode, r.engine_version, r.hardware, r.block_size, r.num_gpu_blocks, r.max_num_batched_tokens,
+                r.max_num_seqs, r.max_model_len, r.enable_chunked_prefill, r.enable_prefix_caching, r.model_config_]
+    h.update(json.dumps(settings + (["async_scheduling"] if r.async_scheduling else [])).encode())  # (sync: as before)
     if r.workload:
         described = {k: v for k, v in r.workload.items() if k not in MEASURED_WORKLOAD_FIELDS}
         h.update(json.dumps(described, sort_keys=True).encode())
@@ -318,7 +318,8 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
                 items[name]["twin_draws"] = values
                 items[name]["twin_spread"] = spread(values)
         entry = {"run": str(rec.path), "name": rec.path.name, "mode": rec.run.mode, "requests": len(rec.requests),
-                 "workload_key": key, "repeats": len(members), "items": items}
+                 "async_scheduling": rec.run.async_scheduling, "workload_key": key, "repeats": len(members),
+                 "items": items}
         if rec.run.mode == "server" and prof.spec.server is not None:
             entry["cold_start"] = _cold_start(rec, prof.spec.server)
         if "timing" in rp.recd:
@@ -421,7 +422,8 @@ def format_table(report: dict[str, Any]) -> str:
             f"{'twin*':>11}{'error*':>9}" + (f"{'twin sp.':>10}" if k > 1 else ""))
     for r in report["runs"]:
         rep = f", {r['repeats']} repeats" if r["repeats"] > 1 else ""
-        lines += ["", f"{r['name']} ({r['mode']}, {r['requests']} requests{rep})", head]
+        sched = ", async scheduling" if r.get("async_scheduling") else ""  # (a GPU recording; replayed so)
+        lines += ["", f"{r['name']} ({r['mode']}{sched}, {r['requests']} requests{rep})", head]
         for name, it in r["items"].items():
             if it["kind"] == "reported":  # a server run's composition: follows arrival timing, not judged
                 twin = "identical" if it["identical"] else "differs"

@@ -42,7 +42,8 @@ def iterations_csv(table: pa.Table) -> str:
 def format_comparison(c: dict) -> str:
     from twin.replay import format_step_timing
 
-    lines = [f"replay of {c['run']} ({c['mode']}, {c['requests']} requests)"]
+    sched = ", async scheduling" if c.get("async_scheduling") else ""  # (a GPU recording; replayed so)
+    lines = [f"replay of {c['run']} ({c['mode']}{sched}, {c['requests']} requests)"]
     if "steps" in c:
         comp = c["composition"]
         lines.append(f"  steps                  real {c['steps']['real']:>8}  twin {c['steps']['twin']:>8}  "
