@@ -1,6 +1,7 @@
 """Async scheduling (vLLM's GPU default, ../shared/reference/vllm-engine-semantics.md §2.12): the engine forms step
 N+1 while step N runs, so a request that arrives during step N is first scheduled in step N+2 (N+1 when scheduling
-is synchronous, as on vLLM's CPU backend and twin's default). Recorded runs say which one they ran with."""
+is synchronous, as on vLLM's CPU backend). An unset setting resolves as vLLM resolves it; recorded runs say which one
+they ran with."""
 
 from __future__ import annotations
 

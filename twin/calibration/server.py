@@ -327,7 +327,8 @@ def arrival_bounds(rec: RecordedRun, steps: ServerSteps, *, front_end_s: float,
         prev_end = steps.end_s.get(k - 1)
         if prev_end is not None and prev_end > r.arrival_s:  # busy engine
             formed = steps.end_s.get(k - 1 - formed_back)  # (the client time of the tokens of the step before)
-            if formed is None or formed <= r.arrival_s:  # step k was formed after the send: nothing ran on
+            if formed is None or formed <= r.arrival_s:  # formed after the send (nothing ran on), or no tokens
+                # date that step: the synchronous bound, the looser one
                 formed, j = prev_end, k - 1
             else:
                 j = k - 1 - formed_back
