@@ -132,3 +132,19 @@ def test_a_gpu_profile_schedules_asynchronously_an_arrival_waits_out_the_step_af
     late = added[1]
     step_s = emu.step_model.step_time_s(StepShape(decode_requests=1, decode_context_tokens=500))
     assert late.first_scheduled_s - late.arrival_s >= 0.99 * step_s, (late.first_scheduled_s - late.arrival_s, step_s)
+
+
+@pytest.mark.parametrize(("flags", "expected"), [([], True), (["--no-async-scheduling"], False),
+                                                 (["--async-scheduling"], True)])
+def test_emulate_takes_async_scheduling_from_the_profile_or_its_flag(flags, expected) -> None:
+    import argparse
+
+    from twin.commands.emulate import add_arguments, engine_overrides
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--profile", PROFILE, "--port", "1", "--num-gpu-blocks", "64", *flags])
+    emu = build_emulator(profile=PROFILE, engine_overrides=engine_overrides(args))
+    assert emu.engine.cfg.async_scheduling is expected and emu.engine.cfg.num_gpu_blocks == 64
+    cpu = build_emulator(profile="cpu-tiny-llama", engine_overrides={"max_model_len": 2048})
+    assert not cpu.engine.cfg.async_scheduling  # (vLLM's CPU backend forces it off)

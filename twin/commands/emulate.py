@@ -17,6 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=None)
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--no-prefix-caching", action="store_true")
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                        help="hold an arrival back a step as vLLM on a GPU does (default: as vLLM resolves it, on "
+                             "for a GPU profile, off for a CPU one)")
     parser.add_argument("--vocab-size", type=int, default=32000)
     parser.add_argument("--time-scale", type=float, default=1.0, help="multiply every step time (1 = real time)")
 
@@ -28,14 +31,8 @@ def run(args: argparse.Namespace) -> int:
     except ImportError as exc:  # the router extra is missing
         print(f"twin emulate: {exc} (install the extra: pip install -e '.[router]')", file=sys.stderr)
         return 2
-    overrides = {k: v for k, v in {
-        "block_size": args.block_size, "num_gpu_blocks": args.num_gpu_blocks,
-        "max_num_batched_tokens": args.max_num_batched_tokens, "max_num_seqs": args.max_num_seqs,
-        "max_model_len": args.max_model_len}.items() if v is not None}
-    if args.no_prefix_caching:
-        overrides["enable_prefix_caching"] = False
     try:
-        emu = build_emulator(profile=args.profile, engine_overrides=overrides, model_name=args.model_name,
+        emu = build_emulator(profile=args.profile, engine_overrides=engine_overrides(args), model_name=args.model_name,
                              vocab_size=args.vocab_size, time_scale=args.time_scale)
     except (ValueError, KeyError) as exc:
         print(f"twin emulate: {exc}", file=sys.stderr)
@@ -44,5 +41,16 @@ def run(args: argparse.Namespace) -> int:
     serve(emu.app(), host=args.host, port=args.port,
           banner=f"twin emulate: {args.profile} on http://{args.host}:{args.port} (blocks {c.num_gpu_blocks}, "
                  f"block {c.block_size}, budget {c.max_num_batched_tokens}, seqs {c.max_num_seqs}, "
-                 f"max_model_len {c.max_model_len})")
+                 f"max_model_len {c.max_model_len}, {'async' if c.async_scheduling else 'synchronous'} scheduling)")
     return 0
+
+
+def engine_overrides(args: argparse.Namespace) -> dict:
+    """The ``EngineSettings`` fields the flags set (the rest keep their defaults)."""
+    overrides = {k: v for k, v in {
+        "block_size": args.block_size, "num_gpu_blocks": args.num_gpu_blocks,
+        "max_num_batched_tokens": args.max_num_batched_tokens, "max_num_seqs": args.max_num_seqs,
+        "max_model_len": args.max_model_len, "async_scheduling": args.async_scheduling}.items() if v is not None}
+    if args.no_prefix_caching:
+        overrides["enable_prefix_caching"] = False
+    return overrides
