@@ -281,6 +281,13 @@ def recorded_step_timing(result: RunResult) -> dict[str, Any]:
     return {"matched": "index"}
 
 
+def run_label(run: dict[str, Any]) -> str:
+    """``mode[, async scheduling], N requests`` of a replayed run (``compare``'s or a fidelity run entry's keys): the
+    header that ``twin replay`` and ``twin fidelity`` print for it."""
+    sched = ", async scheduling" if run.get("async_scheduling") else ""  # (a GPU recording; replayed so)
+    return f"{run['mode']}{sched}, {run['requests']} requests"
+
+
 def format_step_timing(timing: dict[str, Any]) -> str | None:
     """The line the fidelity table and ``twin replay`` print for ``recorded_step_timing``'s counts (None by index)."""
     if timing.get("matched") != "work":

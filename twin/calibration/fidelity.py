@@ -41,7 +41,7 @@ import numpy as np
 from twin.calibration.calibrate import replay_recorded
 from twin.calibration.recorded import RecordedRun, load_recorded_run
 from twin.engine_profiles.profile import ServerFrontEnd
-from twin.replay import compare, format_step_timing, recorded_step_timing, replay, server_front_end
+from twin.replay import compare, format_step_timing, recorded_step_timing, replay, run_label, server_front_end
 
 DEFAULT_TOLERANCE = 0.10
 # item key -> (label, unit scale for printing, unit)
@@ -422,8 +422,7 @@ def format_table(report: dict[str, Any]) -> str:
             f"{'twin*':>11}{'error*':>9}" + (f"{'twin sp.':>10}" if k > 1 else ""))
     for r in report["runs"]:
         rep = f", {r['repeats']} repeats" if r["repeats"] > 1 else ""
-        sched = ", async scheduling" if r.get("async_scheduling") else ""  # (a GPU recording; replayed so)
-        lines += ["", f"{r['name']} ({r['mode']}{sched}, {r['requests']} requests{rep})", head]
+        lines += ["", f"{r['name']} ({run_label(r)}{rep})", head]
         for name, it in r["items"].items():
             if it["kind"] == "reported":  # a server run's composition: follows arrival timing, not judged
                 twin = "identical" if it["identical"] else "differs"

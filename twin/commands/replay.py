@@ -40,10 +40,9 @@ def iterations_csv(table: pa.Table) -> str:
 
 
 def format_comparison(c: dict) -> str:
-    from twin.replay import format_step_timing
+    from twin.replay import format_step_timing, run_label
 
-    sched = ", async scheduling" if c.get("async_scheduling") else ""  # (a GPU recording; replayed so)
-    lines = [f"replay of {c['run']} ({c['mode']}{sched}, {c['requests']} requests)"]
+    lines = [f"replay of {c['run']} ({run_label(c)})"]
     if "steps" in c:
         comp = c["composition"]
         lines.append(f"  steps                  real {c['steps']['real']:>8}  twin {c['steps']['twin']:>8}  "
