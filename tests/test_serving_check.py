@@ -8,6 +8,7 @@ import pytest
 
 from twin.engine_profiles import StepShape, load_profile
 from twin.engine_profiles.serving_check import closed_loop, main
+from twin.paths import shared_dir
 
 PROFILE = "llama3-70b-fp8-tp4-h100"
 
@@ -37,6 +38,7 @@ def test_streams_in_lockstep_prefill_together_and_wait_far_longer():
     assert lock.tpot_s == pytest.approx(spread.tpot_s, rel=0.1)
 
 
+@pytest.mark.skipif(not (shared_dir() / "calibration/raw").is_dir(), reason="needs ../shared calibration data")
 def test_the_command_prints_and_writes_each_point(tmp_path, capsys):
     out = tmp_path / "points.json"
     assert main(["--max-osl", "1024", "--prompts-per-stream", "2", "--json", str(out)]) == 0
@@ -46,3 +48,9 @@ def test_the_command_prints_and_writes_each_point(tmp_path, capsys):
     assert len(points) == 10 and {p["point"]["tp"] for p in points} == {4}
     assert all(p["sync"]["tpot_s"] > 0 and p["async"]["ttft_s"] > 0 for p in points)
     assert main(["--tp", "3"]) == 2
+
+
+def test_without_the_shared_data_the_command_says_where_it_looks(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("TWIN_SHARED", str(tmp_path / "nowhere"))
+    assert main([]) == 2
+    assert "read from ../shared (or $TWIN_SHARED)" in capsys.readouterr().err

@@ -163,9 +163,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, metavar="FILE")
     args = ap.parse_args(argv)
     tp = args.tp or load_profile(args.profile).tp
-    points = [p for p in silicon_points(shared_dir(), model_path=args.model_path, system=args.system,
-                                        precision=args.precision)
-              if p.tp == tp and (args.max_osl is None or p.osl <= args.max_osl)]
+    try:
+        measured = silicon_points(shared_dir(), model_path=args.model_path, system=args.system,
+                                  precision=args.precision)
+    except FileNotFoundError as exc:
+        print(f"serving_check: the measured points are read from ../shared (or $TWIN_SHARED): {exc}", file=sys.stderr)
+        return 2
+    points = [p for p in measured if p.tp == tp and (args.max_osl is None or p.osl <= args.max_osl)]
     if not points:
         print(f"serving_check: no {args.model_path} {args.precision} point on {args.system} at TP {tp}",
               file=sys.stderr)
