@@ -100,9 +100,20 @@ def trace_files(name: str) -> list[Path]:
     raise ValueError(f"unknown trace {name!r}; known: {', '.join(TRACE_NAMES)}")
 
 
+def missing_trace_files(name: str) -> list[Path]:
+    """The files of trace ``name`` that are not there (none when it can be loaded)."""
+    return [p for p in trace_files(name) if not p.is_file()]
+
+
 def load_trace(name: str) -> TraceTable:
-    """The parsed trace, cached per process by file path and modification time (nothing is written)."""
+    """The parsed trace, cached per process by file path and modification time (nothing is written). Raises
+    FileNotFoundError, saying where the traces are read from, when a file of the trace is not there."""
     files = trace_files(name)
+    missing = missing_trace_files(name)
+    if missing:
+        raise FileNotFoundError(
+            f"trace {name!r} needs {missing[0]}, which is not there: the public traces are read from the shared "
+            f"data folder, ../shared beside the repository or the folder $TWIN_SHARED names (docs/traces.md)")
     key = (name, tuple((str(p), p.stat().st_mtime_ns) for p in files))
     table = _CACHE.get(key)
     if table is None:
