@@ -70,12 +70,12 @@ def whatif_overrides(scenario: Scenario, *, traffic_multiplier: float = 1.0, rou
                      clear_surges: bool = False, surge: dict[str, float] | None = None,
                      keep_faults: bool = True, region_loss: dict[str, Any] | None = None,
                      dns_failover_s: float | None = None, ladder_enabled: bool | None = None,
-                     ladder: dict[str, str] | None = None) -> list[str]:
+                     ladder: dict[str, str] | None = None, engine: dict[str, Any] | None = None) -> list[str]:
     """The overrides of a what-if on ``scenario`` (already sized): offered load × ``traffic_multiplier``
     (daily users; the fleet stays), a router ``kind``, surges cleared and/or one added
     (``{start_s, ramp_s, hold_s, multiplier}``), faults kept or cleared plus an optional region loss
-    (``{region, at_s, recover_at_s}``), the DNS failover delay, and the degradation ladder (see
-    ``ladder_override``)."""
+    (``{region, at_s, recover_at_s}``), the DNS failover delay, the degradation ladder (see
+    ``ladder_override``), and engine settings for every served model (``engine_overrides``)."""
     fleet = scenario.fleet
     if fleet is None:
         raise ScenarioError(f"{scenario.name}: a what-if needs a fleet scenario")
@@ -98,6 +98,27 @@ def whatif_overrides(scenario: Scenario, *, traffic_multiplier: float = 1.0, rou
     if dns_failover_s is not None:
         out.append(f"fleet.failover.dns_failover_s={dns_failover_s:g}")
     out += ladder_override(scenario, enabled=ladder_enabled, flags=ladder)
+    out += engine_overrides(scenario, engine or {})
+    return out
+
+
+ENGINE_KNOBS = ("max_num_seqs", "max_num_batched_tokens", "enable_prefix_caching", "async_scheduling")
+
+
+def engine_overrides(scenario: Scenario, settings: dict[str, Any]) -> list[str]:
+    """``fleet.models.<m>.engine.<knob>=<value>`` for every served model ``m`` and every knob in ``settings`` (one of
+    ``ENGINE_KNOBS``) whose value differs from that model's; None leaves a knob as the scenario has it. Raises
+    ScenarioError on an unknown knob."""
+    unknown = sorted(set(settings) - set(ENGINE_KNOBS))
+    if unknown:
+        raise ScenarioError(f"unknown engine knobs {unknown} (known: {', '.join(ENGINE_KNOBS)})")
+    out = []
+    for name, model in scenario.fleet.models.items():
+        for knob in ENGINE_KNOBS:
+            value = settings.get(knob)
+            if value is not None and value != getattr(model.engine, knob):
+                text = str(value).lower() if isinstance(value, bool) else str(value)
+                out.append(f"fleet.models.{name}.engine.{knob}={text}")
     return out
 
 

@@ -16,9 +16,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from dashboard import tables  # noqa: E402
+from dashboard import runs, tables  # noqa: E402
 from twin.capacity import PRESETS, compute_capacity  # noqa: E402
 from twin.cli import main  # noqa: E402
+from twin.scenario import load_scenario  # noqa: E402
 
 APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
 TIMEOUT_S = 120  # the simulations are tiny, but the test machine may be shared
@@ -122,6 +123,12 @@ def test_whatif_page_runs_baseline_and_changed_scenario():
     at.selectbox(key="wi_ladder_speculative_decoding").set_value("auto").run()
     at.checkbox(key="wi_lose").uncheck().run()  # the drill page covers region losses; here the arrivals count
     assert "kind: region_loss" not in at.code[0].value
+    at.selectbox(key="wi_max_num_seqs").set_value(64)
+    at.selectbox(key="wi_async_scheduling").set_value("off").run()
+    models = load_scenario(runs.SCENARIO_DIR / "baseline-day.yaml").fleet.models
+    for m in models:  # every served model gets the engine knobs
+        assert f"fleet.models.{m}.engine.max_num_seqs=64" in at.code[0].value
+        assert f"fleet.models.{m}.engine.async_scheduling=false" in at.code[0].value
     at.button(key="wi_run").click().run()
     _ok(at)
     comparison = at.dataframe[0].value.set_index("metric")

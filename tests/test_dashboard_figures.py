@@ -218,6 +218,25 @@ def test_whatif_overrides_load_and_change_what_they_say():
     assert len(kept.fleet.traffic.surges) == len(sized.fleet.traffic.surges) + 1
 
 
+def test_engine_knobs_reach_every_served_model_and_only_where_they_change():
+    sized = load_scenario(LAUNCH, overrides=runs.size_overrides(scale=0.001, duration_s=10))
+    models = sized.fleet.models
+    assert len(models) >= 2
+    assert runs.engine_overrides(sized, {}) == []
+    same = {m.engine.max_num_seqs for m in models.values()}
+    assert len(same) == 1
+    assert runs.engine_overrides(sized, {"max_num_seqs": same.pop(), "async_scheduling": None}) == []
+    ov = runs.whatif_overrides(sized, engine={"max_num_seqs": 96, "max_num_batched_tokens": 4096,
+                                              "enable_prefix_caching": False, "async_scheduling": False})
+    assert len(ov) == 4 * len(models) and all("\n" not in o for o in ov)
+    sc = load_scenario(LAUNCH, overrides=runs.size_overrides(scale=0.001, duration_s=10) + ov)
+    for m in sc.fleet.models.values():
+        assert (m.engine.max_num_seqs, m.engine.max_num_batched_tokens) == (96, 4096)
+        assert m.engine.enable_prefix_caching is False and m.engine.async_scheduling is False
+    with pytest.raises(ScenarioError):
+        runs.engine_overrides(sized, {"max_num_seq": 8})
+
+
 def test_ladder_flags_force_rungs_or_remove_the_ladder():
     rungs = runs.ladder_rungs()
     if not rungs:

@@ -61,9 +61,29 @@ if rungs:
 else:
     st.caption("Degradation-ladder flags appear here once the scenario schema has a `fleet.ladder` section.")
 
+models = fleet.models
+st.markdown(f"**Engine** (every served model: {', '.join(models)}; `fleet.models.<model>.engine`). "
+            "\"scenario's\" leaves a knob as each model has it.")
+SAME = "scenario's"
+e1, e2, e3, e4 = st.columns(4)
+seqs = e1.selectbox("max_num_seqs", [SAME, 64, 128, 256, 512, 1024], key="wi_max_num_seqs",
+                    help="most requests a replica runs at once; "
+                         + ", ".join(f"{m}: {c.engine.max_num_seqs}" for m, c in models.items()))
+budget = e2.selectbox("max_num_batched_tokens", [SAME, 2048, 4096, 8192, 16384], key="wi_max_num_batched_tokens",
+                      help="token budget of one step (prefill chunks and decodes); "
+                           + ", ".join(f"{m}: {c.engine.max_num_batched_tokens}" for m, c in models.items()))
+prefix = e3.selectbox("Prefix caching", [SAME, "on", "off"], key="wi_prefix_caching")
+async_mode = e4.selectbox("Async scheduling", [SAME, "on", "off"], key="wi_async_scheduling",
+                          help="vLLM forms step N+1 while step N runs, so an arrival waits one more step "
+                               "(the scenario's: on with a GPU profile unless it says otherwise)")
+engine = {"max_num_seqs": None if seqs == SAME else seqs,
+          "max_num_batched_tokens": None if budget == SAME else budget,
+          "enable_prefix_caching": {"on": True, "off": False}.get(prefix),
+          "async_scheduling": {"on": True, "off": False}.get(async_mode)}
+
 changes = runs.whatif_overrides(sized, traffic_multiplier=mult, router=router, clear_surges=clear_surges, surge=surge,
                                 keep_faults=keep_faults, region_loss=region_loss, dns_failover_s=dns,
-                                ladder_enabled=ladder_enabled, ladder=ladder)
+                                ladder_enabled=ladder_enabled, ladder=ladder, engine=engine)
 with st.expander("Overrides (as `twin run --set`)"):
     st.code("\n".join(["# size (both runs)", *size, "# what-if only", *(changes or ["(none)"])]), language="text")
 
