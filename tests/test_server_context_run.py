@@ -253,3 +253,20 @@ def test_the_one_command_from_a_fresh_clone_on_a_host_slow_during_the_prefix_mix
     assert {f[0] for f in failing} == {"held-out", "held-out-repeat2", "held-out-repeat4"}
     assert all(e < -0.25 and e < e_rec < 0 and e_rec > -0.22 for e, e_rec in failing.values())
 
+
+
+FRESH_INTEL = FIXTURES / "cpu-tiny-llama-freshclone-tightbursty"  # the one command from a fresh clone on an Intel VM
+
+
+def test_the_one_command_from_a_fresh_clone_where_the_bursty_repeats_agree() -> None:
+    """Its profile is the refit of its sweep and its table (140 of 160 items, 57 of 72 latency items, twin* 122 of 128)
+    is what fidelity gives today (SOURCES.md there). Its latency failures are all the bursty server run's, whose repeats
+    spread 7-9 %: the twin slow on ITL p90 by more than a tenth where twin* is within 4 %."""
+    _pinned_session(FRESH_INTEL, 140, 57, recorded=122)
+    table = json.loads((FRESH_INTEL / "fidelity-held-out.json").read_text())
+    failing = {(r["run"].split("/")[-2], r["name"], k): (r["items"][k]["rel_error"],
+                                                         r["items"][k]["rel_error_recorded_steps"])
+               for r in table["runs"] for k in LATENCY if r["items"][k]["pass"] is False}
+    assert len(failing) == 15 and {f[1] for f in failing} == {"heldout-server-bursty"}
+    itl90 = [v for (_, _, k), v in failing.items() if k == "itl_p90_s"]
+    assert len(itl90) == 4 and all(e > 0.13 and abs(e_rec) < 0.04 for e, e_rec in itl90)
