@@ -185,3 +185,28 @@ def test_a_server_runs_step_count_is_judged_with_the_repeats_spread_and_its_comp
     assert rep["summary"]["items"] == len(judged) == 3 * len(EXACT_ITEMS) + 3 * len(TOLERANCE_ITEMS) - 2
     text = format_table(rep)
     assert "timing" in text and f"{rep['summary']['items']} items" in text
+
+
+def test_each_run_says_where_its_steps_sat_against_the_model_as_steps_by_run_does(tmp_path: Path) -> None:
+    """``step_level``: the run's decode and prefill steps, median recorded / modelled, the same numbers as
+    ``--steps``' by-run view; a copy whose logged step times are 1.5x sits 1.5x higher, and the table prints it."""
+    from twin.calibration.residuals import step_residuals
+
+    slow = tmp_path / "slow"
+    shutil.copytree(RUN, slow)
+    lines = (RUN / "iterations.csv").read_text().splitlines()
+    col = lines[0].split(",").index("elapsed_ms")
+    scaled = [lines[0]] + [",".join(repr(float(v) * 1.5) if i == col else v for i, v in enumerate(row.split(",")))
+                           for row in lines[1:]]
+    (slow / "iterations.csv").write_text("\n".join(scaled) + "\n")
+    rep = fidelity([RUN, slow], profile=PROFILE)
+    by_run = {Path(r["run"]).name: r for r in step_residuals([RUN, slow], profile=PROFILE)["runs"]}
+    levels = {}
+    for run in rep["runs"]:
+        level = run["step_level"]
+        for regime in ("decode", "prefill"):
+            assert level[regime] == by_run[Path(run["run"]).name][regime]
+        levels[run["name"]] = level["decode"]["median_ratio"]
+    assert 0.7 < levels[RUN.name] < 1.3
+    assert levels["slow"] == pytest.approx(1.5 * levels[RUN.name], rel=1e-6)
+    assert f"recorded steps / the profile's model, median: decode {levels['slow']:.2f}" in format_table(rep)

@@ -270,6 +270,7 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
     default) where the profile has that table; ``noise_seed`` as ``replay``'s. ``draws``: replay each run with
     that many noise draws (seeds ``noise_seed`` onwards) and judge the median over them (``_over_draws``); each
     tolerance item then also carries the draws' values and their spread (``twin_draws``, ``twin_spread``)."""
+    from twin.calibration.residuals import run_step_level
     from twin.engine_profiles import load_profile
 
     if draws < 1:
@@ -324,6 +325,7 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
             entry["cold_start"] = _cold_start(rec, prof.spec.server)
         if "timing" in rp.recd:
             entry["recorded_step_times"] = rp.recd["timing"]
+        entry["step_level"] = run_step_level(rec, prof)
         runs.append(entry)
     verdicts = [it["pass"] for r in runs for it in r["items"].values() if it["pass"] is not None]
     tol_items = [it for r in runs for it in r["items"].values()
@@ -457,6 +459,12 @@ def format_table(report: dict[str, Any]) -> str:
         timing_line = format_step_timing(r.get("recorded_step_times") or {})
         if timing_line is not None:
             lines.append("  " + timing_line)
+        level = r.get("step_level")
+        if level is not None:
+            cells = [f"{regime} {level[regime]['median_ratio']:.2f} ({level[regime]['steps']} steps)"
+                     for regime in ("decode", "prefill") if level.get(regime) is not None]
+            if cells:
+                lines.append("  recorded steps / the profile's model, median: " + ", ".join(cells))
     s = report["summary"]
     lines += ["", "twin = replay with the profile's step times (verdict); twin* = replay with the recorded step "
                   "times + the profile's overhead (server runs: + the server front end, each step timed from the "

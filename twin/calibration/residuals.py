@@ -118,6 +118,27 @@ def _run_steps(rec: RecordedRun, prof: Any) -> tuple[str, list[StepShape], np.nd
         set()
 
 
+def _paired_rows(rec: RecordedRun, prof: Any) -> tuple[str, list[StepShape], list[_Step]]:
+    """``(section, shapes, rows)``: the run's steps paired with the model's times, without the steps a shared CPU
+    logged as 0 ms (their time went to a neighbour); raises ``Unpaired`` as ``_run_steps``."""
+    section, shapes, recorded, model, wakes = _run_steps(rec, prof)
+    rows = [_Step(shape, r, m, i in wakes, i == 0)
+            for i, (shape, r, m) in enumerate(zip(shapes, recorded.tolist(), model.tolist(), strict=True))
+            if r > 0 and m > 0]
+    return section, shapes, rows
+
+
+def run_step_level(rec: RecordedRun, prof: Any, *, bias: float = DEFAULT_BIAS) -> dict[str, Any] | None:
+    """One run's steps against ``prof``'s model, as ``--steps``' by-run view gives them (``_run_level``): its decode
+    and its prefill-carrying steps binned whole, and the speed probe; None when its steps cannot be paired with
+    shapes. ``twin fidelity`` prints it under each run, so a failure on a run that ran off the model stands out."""
+    try:
+        _section, _shapes, rows = _paired_rows(rec, prof)
+    except Unpaired:
+        return None
+    return _run_level(rec, rows, bias)
+
+
 def step_residuals(run_dirs: Sequence[str | Path], *, profile: str, bias: float = DEFAULT_BIAS) -> dict[str, Any]:
     """The residual report (a JSON-ready dict) of ``profile``'s step-time model on the recorded runs ``run_dirs``:
     per section (``offline``, ``server``) and view, the bins' step counts, median ratio recorded / model with its
@@ -135,16 +156,11 @@ def step_residuals(run_dirs: Sequence[str | Path], *, profile: str, bias: float 
     used, skipped = [], []
     for rec in [load_recorded_run(p) for p in run_dirs]:
         try:
-            section, shapes, recorded, model, wakes = _run_steps(rec, prof)
+            section, shapes, mine = _paired_rows(rec, prof)
         except Unpaired as exc:
             skipped.append({"run": str(rec.path), "reason": str(exc)})
             continue
-        rows = collected.setdefault(section, [])
-        mine = []
-        for i, (shape, r, m) in enumerate(zip(shapes, recorded.tolist(), model.tolist(), strict=True)):
-            if r > 0 and m > 0:  # (a shared CPU logs the odd step as 0 ms: its time went to a neighbour)
-                mine.append(_Step(shape, r, m, i in wakes, i == 0))
-        rows += mine
+        collected.setdefault(section, []).extend(mine)
         used.append({"run": str(rec.path), "section": section, "steps": len(shapes), **_run_level(rec, mine, bias)})
     sections = []
     for section in ("offline", "server"):
