@@ -264,12 +264,15 @@ def _as_float(x: Any) -> float | None:
 
 
 def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float = DEFAULT_TOLERANCE,
-             noise: bool | None = None, noise_seed: int = 0, draws: int = 1) -> dict[str, Any]:
+             noise: bool | None = None, noise_seed: int = 0, draws: int = 1, step_levels: bool = True
+             ) -> dict[str, Any]:
     """The fidelity report (a JSON-ready dict) of ``profile`` on the recorded runs ``run_dirs``. ``noise``: the
     profile replays draw each step's time from the profile's fitted ``step_time_noise`` (``replay``); None (the
     default) where the profile has that table; ``noise_seed`` as ``replay``'s. ``draws``: replay each run with
     that many noise draws (seeds ``noise_seed`` onwards) and judge the median over them (``_over_draws``); each
-    tolerance item then also carries the draws' values and their spread (``twin_draws``, ``twin_spread``)."""
+    tolerance item then also carries the draws' values and their spread (``twin_draws``, ``twin_spread``).
+    ``step_levels``: each run's steps against the profile's model (``step_level``, ``run_step_level``); off, the
+    key is None (``twin fidelity --sessions`` does not show it, and skips its cost)."""
     from twin.calibration.residuals import run_step_level
     from twin.engine_profiles import load_profile
 
@@ -325,7 +328,7 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
             entry["cold_start"] = _cold_start(rec, prof.spec.server)
         if "timing" in rp.recd:
             entry["recorded_step_times"] = rp.recd["timing"]
-        entry["step_level"] = run_step_level(rec, prof)
+        entry["step_level"] = run_step_level(rec, prof) if step_levels else None
         runs.append(entry)
     verdicts = [it["pass"] for r in runs for it in r["items"].values() if it["pass"] is not None]
     tol_items = [it for r in runs for it in r["items"].values()

@@ -54,7 +54,7 @@ def sessions_report(folders: Sequence[str | Path], *, profile: str | None = None
             skipped.append({"folder": str(folder), "why": why})
             continue
         use = profile if profile is not None else str(own)
-        rep = fidelity(runs, profile=use, tolerance=tolerance, noise=noise, draws=draws)
+        rep = fidelity(runs, profile=use, tolerance=tolerance, noise=noise, draws=draws, step_levels=False)
         # an item without a verdict (no real value to compare with) is left out, as fidelity's own totals do
         latency = [{"workload": r["name"], "run": r["run"], "item": k, **_latency(r["items"][k])}
                    for r in rep["runs"] for k in LATENCY_ITEMS if r["items"][k]["pass"] is not None]
