@@ -237,6 +237,15 @@ def test_the_one_command_from_a_fresh_clone_in_the_evening() -> None:
     assert all(-0.11 < e < -0.07 for e in bursty.values())
 
 
+def _failing_latency(root: Path) -> dict[tuple[str, str, str], tuple[float, float]]:
+    """A session's failing latency items in its committed table: (repeat folder, workload, item) -> (the twin's
+    relative error, twin*'s)."""
+    table = json.loads((root / "fidelity-held-out.json").read_text())
+    return {(r["run"].split("/")[-2], r["name"], k): (r["items"][k]["rel_error"],
+                                                      r["items"][k]["rel_error_recorded_steps"])
+            for r in table["runs"] for k in LATENCY if r["items"][k]["pass"] is False}
+
+
 FRESH_SLOWHOST = FIXTURES / "cpu-tiny-llama-freshclone-slowhost"  # the one command from a fresh clone, 2026-12-06 night
 
 
@@ -245,14 +254,10 @@ def test_the_one_command_from_a_fresh_clone_on_a_host_slow_during_the_prefix_mix
     is what fidelity gives today (SOURCES.md there). Its latency failures are all the server prefix mix's, on three
     repeats whose decode steps ran at 1.31-1.59 of the fit: the twin fast by more than a quarter, twin* much closer."""
     _pinned_session(FRESH_SLOWHOST, 145, 65, recorded=127)
-    table = json.loads((FRESH_SLOWHOST / "fidelity-held-out.json").read_text())
-    failing = {(r["run"].split("/")[-2], r["name"], k): (r["items"][k]["rel_error"],
-                                                         r["items"][k]["rel_error_recorded_steps"])
-               for r in table["runs"] for k in LATENCY if r["items"][k]["pass"] is False}
+    failing = _failing_latency(FRESH_SLOWHOST)
     assert len(failing) == 7 and {f[1] for f in failing} == {"heldout-server-prefix-mix"}
     assert {f[0] for f in failing} == {"held-out", "held-out-repeat2", "held-out-repeat4"}
     assert all(e < -0.25 and e < e_rec < 0 and e_rec > -0.22 for e, e_rec in failing.values())
-
 
 
 FRESH_INTEL = FIXTURES / "cpu-tiny-llama-freshclone-tightbursty"  # the one command from a fresh clone on an Intel VM
@@ -263,10 +268,7 @@ def test_the_one_command_from_a_fresh_clone_where_the_bursty_repeats_agree() -> 
     is what fidelity gives today (SOURCES.md there). Its latency failures are all the bursty server run's, whose repeats
     spread 7-9 %: the twin slow on ITL p90 by more than a tenth where twin* is within 4 %."""
     _pinned_session(FRESH_INTEL, 140, 57, recorded=122)
-    table = json.loads((FRESH_INTEL / "fidelity-held-out.json").read_text())
-    failing = {(r["run"].split("/")[-2], r["name"], k): (r["items"][k]["rel_error"],
-                                                         r["items"][k]["rel_error_recorded_steps"])
-               for r in table["runs"] for k in LATENCY if r["items"][k]["pass"] is False}
+    failing = _failing_latency(FRESH_INTEL)
     assert len(failing) == 15 and {f[1] for f in failing} == {"heldout-server-bursty"}
     itl90 = [v for (_, _, k), v in failing.items() if k == "itl_p90_s"]
     assert len(itl90) == 4 and all(e > 0.13 and abs(e_rec) < 0.04 for e, e_rec in itl90)
