@@ -37,6 +37,25 @@ def _failed(report: dict) -> set[tuple[str, str]]:
     return {(held_out_key(r["run"]), k) for r in report["runs"] for k, i in r["items"].items() if i["pass"] is False}
 
 
+def _pinned(root: Path, passed: int, latency: int, *, recorded: int, floors: tuple[int, int]) -> tuple[dict, dict]:
+    """A one-command session with the decode floor: its profile is the refit of its sweep with the command's options
+    (decode floors offline and server ``floors``; 0 where the fit chose none), and its committed table (nine draws) is
+    what fidelity gives today, with ``passed`` of 160 items, ``latency`` of 72 latency items and ``recorded`` of 128
+    twin* items. Returns the report and the committed table."""
+    committed = load_profile(str(root / "cpu-small-llama.yaml")).spec
+    assert committed.provenance.command.endswith("--server-offline-attention --decode-floor")
+    _refit_matches(root, committed, FitOptions(server_offline_attention=True, decode_floor=True))
+    assert (committed.step_time.decode.floor_requests, committed.server.step_time.decode.floor_requests) == floors
+    table = json.loads((root / "fidelity-held-out.json").read_text())
+    assert table["noise_draws"] == 9
+    report = held_out_table(root, str(root / "cpu-small-llama.yaml"))
+    check_table(report, table)
+    assert (table["summary"]["passed"], table["summary"]["items"]) == (passed, 160)
+    assert table["summary"]["recorded_steps"]["passed"] == recorded
+    assert latency_passed(report) == latency
+    return report, table
+
+
 def test_the_committed_profile_is_the_fit_of_the_committed_sweep() -> None:
     committed = load_profile(str(ROOT / "cpu-small-llama.yaml"))
     assert committed.model.hidden_size == 512 and committed.model.num_layers == 6
@@ -89,17 +108,7 @@ def test_the_fresh_clone_session_is_the_fit_and_the_table_of_its_recordings() ->
     """The one command from a fresh clone after it took --decode-floor (tests/fixtures/calibration/
     cpu-small-llama-freshclone, SOURCES.md there): 154 of 160 items, 68 of 72 latency items, twin* 128 of 128; the six
     failures all on repeat 3 of the offline KV-prefix run."""
-    committed = load_profile(str(FRESH / "cpu-small-llama.yaml")).spec
-    assert committed.provenance.command.endswith("--server-offline-attention --decode-floor")
-    _refit_matches(FRESH, committed, FitOptions(server_offline_attention=True, decode_floor=True))
-    assert (committed.step_time.decode.floor_requests, committed.server.step_time.decode.floor_requests) == (6, 5)
-    table = json.loads((FRESH / "fidelity-held-out.json").read_text())
-    assert table["noise_draws"] == 9
-    report = held_out_table(FRESH, str(FRESH / "cpu-small-llama.yaml"))
-    check_table(report, table)
-    assert (table["summary"]["passed"], table["summary"]["items"]) == (154, 160)
-    assert table["summary"]["recorded_steps"]["passed"] == 128
-    assert latency_passed(report) == 68
+    report, _ = _pinned(FRESH, 154, 68, recorded=128, floors=(6, 5))
     failed = _failed(report)
     assert len(failed) == 6 and {run for run, _ in failed} == {"held-out-repeat3/heldout-offline-kv-prefix"}
 
@@ -113,18 +122,8 @@ def test_the_context_sessions_are_the_fit_and_the_table_of_their_recordings(
     after the choice (tests/fixtures/calibration/cpu-small-llama-context*, -freshclone-context, SOURCES.md there):
     each session's profile and table are what calibrate and fidelity give on its recordings; offline step
     composition, preemptions and prefix hits exact on all four repeats."""
-    committed = load_profile(str(root / "cpu-small-llama.yaml")).spec
-    assert committed.provenance.command.endswith("--server-offline-attention --decode-floor")
-    assert len(committed.server.provenance.sources) == 4
-    _refit_matches(root, committed, FitOptions(server_offline_attention=True, decode_floor=True))
-    assert (committed.step_time.decode.floor_requests, committed.server.step_time.decode.floor_requests) == floors
-    table = json.loads((root / "fidelity-held-out.json").read_text())
-    assert table["noise_draws"] == 9
-    report = held_out_table(root, str(root / "cpu-small-llama.yaml"))
-    check_table(report, table)
-    assert (table["summary"]["passed"], table["summary"]["items"]) == (passed, 160)
-    assert table["summary"]["recorded_steps"]["passed"] == 128
-    assert latency_passed(report) == latency
+    report, _ = _pinned(root, passed, latency, recorded=128, floors=floors)
+    assert len(load_profile(str(root / "cpu-small-llama.yaml")).spec.server.provenance.sources) == 4
     for r in report["runs"]:
         if "offline" in r["run"]:
             for k in ("steps", "composition", "preemptions", "prefix_cache_hits"):
@@ -138,16 +137,7 @@ def test_the_fresh_clone_session_on_an_intel_vm_is_the_fit_and_the_table_of_its_
     """tests/fixtures/calibration/cpu-small-llama-freshclone-intel (SOURCES.md there): 152 of 160 items, 66 of 72
     latency items, twin* 127 of 128; the six latency failures are the prefix mix's on the two repeats whose decode
     steps ran below the model, which the table's per-run step line shows."""
-    committed = load_profile(str(FRESH_INTEL / "cpu-small-llama.yaml")).spec
-    assert committed.provenance.command.endswith("--server-offline-attention --decode-floor")
-    _refit_matches(FRESH_INTEL, committed, FitOptions(server_offline_attention=True, decode_floor=True))
-    table = json.loads((FRESH_INTEL / "fidelity-held-out.json").read_text())
-    assert table["noise_draws"] == 9
-    report = held_out_table(FRESH_INTEL, str(FRESH_INTEL / "cpu-small-llama.yaml"))
-    check_table(report, table)
-    assert (table["summary"]["passed"], table["summary"]["items"]) == (152, 160)
-    assert table["summary"]["recorded_steps"]["passed"] == 127
-    assert latency_passed(report) == 66
+    report, table = _pinned(FRESH_INTEL, 152, 66, recorded=127, floors=(0, 8))
     latency = {"ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s", "e2e_p50_s", "e2e_p90_s"}
     failing = {run for run, k in _failed(report) if k in latency}
     assert failing == {"held-out/heldout-server-prefix-mix", "held-out-repeat2/heldout-server-prefix-mix"}
