@@ -20,8 +20,8 @@ from twin.engine_profiles import (
 from twin.engine_profiles.fit import fit_step_time, nnls
 from twin.engine_profiles.memory import weight_bytes_per_gpu
 from twin.engine_profiles.step_time import LinearStepTimeModel
-from twin.paths import shared_dir
 from profilekit import assert_step_time_close
+from shared_data import needs_calibration_data
 
 SHIPPED = [
     "llama3-70b-fp8-tp4-h100",
@@ -216,7 +216,7 @@ def test_fit_needs_both_regimes() -> None:
         fit_step_time([StepShape(decode_requests=i, decode_context_tokens=i * 10) for i in range(1, 10)], [0.01] * 9)
 
 
-@pytest.mark.skipif(not (shared_dir() / "calibration/raw").is_dir(), reason="needs ../shared calibration data")
+@needs_calibration_data
 def test_derivation_reproduces_shipped_files(tmp_path) -> None:
     """The command regenerates every shipped H100 and H200 profile (everything but the date)."""
     from twin.engine_profiles import derive
@@ -241,7 +241,7 @@ def test_engine_profiles_import_is_light() -> None:
     assert out.stdout.strip() == "False"
 
 
-@pytest.mark.skipif(not (shared_dir() / "calibration/raw").is_dir(), reason="needs ../shared calibration data")
+@needs_calibration_data
 def test_derive_cli_custom_shape(tmp_path) -> None:
     """Any Llama shape: a smaller model at the same TP decodes faster and holds more KV blocks."""
     from twin.engine_profiles import derive

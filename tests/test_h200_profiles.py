@@ -13,11 +13,10 @@ import pytest
 
 from twin.engine_profiles import load_profile
 from twin.engine_profiles.step import StepShape
-from twin.paths import shared_dir
 from profilekit import assert_step_time_close
+from shared_data import needs_calibration_data
 
-pytestmark = pytest.mark.skipif(not (shared_dir() / "calibration/raw").is_dir(),
-                                reason="needs ../shared calibration data")
+pytestmark = needs_calibration_data
 
 DATA = Path(__file__).resolve().parents[1] / "twin/engine_profiles/data/h200-sxm"
 H200_70B_FP8 = [f"llama3-70b-fp8-tp{tp}-h200" for tp in (1, 2, 4, 8)]

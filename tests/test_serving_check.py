@@ -8,7 +8,7 @@ import pytest
 
 from twin.engine_profiles import StepShape, load_profile
 from twin.engine_profiles.serving_check import closed_loop, main
-from twin.paths import shared_dir
+from shared_data import needs_calibration_data
 
 PROFILE = "llama3-70b-fp8-tp4-h100"
 
@@ -38,7 +38,7 @@ def test_streams_in_lockstep_prefill_together_and_wait_far_longer():
     assert lock.tpot_s == pytest.approx(spread.tpot_s, rel=0.1)
 
 
-@pytest.mark.skipif(not (shared_dir() / "calibration/raw").is_dir(), reason="needs ../shared calibration data")
+@needs_calibration_data
 def test_the_command_prints_and_writes_each_point(tmp_path, capsys):
     out = tmp_path / "points.json"
     assert main(["--max-osl", "1024", "--prompts-per-stream", "2", "--json", str(out)]) == 0

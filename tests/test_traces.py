@@ -22,15 +22,12 @@ from twin.models.traces import (
     trace_requests,
 )
 from twin.paths import shared_dir
+from shared_data import needs_traces
 
 STATS_KEY = {"azure-conv": "azure2023_conv", "azure-code": "azure2023_code",
              "mooncake-conversation": "mooncake_conversation", "mooncake-synthetic": "mooncake_synthetic",
              "burstgpt-1": "burstgpt1_first400", "burstgpt-3": "burstgpt3_first400", "ragpulse": "ragpulse"}
 ROUND = 0.05 + 1e-9  # stats.json rounds to 0.1
-# the traces are read from ../shared (docs/traces.md); a clone without it skips the tests that read one
-needs_traces = pytest.mark.skipif(
-    any(missing_trace_files(t) for t in TRACE_NAMES) or not (shared_dir() / "traces" / "stats.json").is_file(),
-    reason="needs the public traces in ../shared/traces (or $TWIN_SHARED)")
 
 
 @pytest.fixture(scope="module")
