@@ -13,8 +13,13 @@ import yaml
 
 from twin.calibration.fidelity import (
     EXACT_ITEMS,
+    LATENCY_ITEMS,
+    STEP_LEVEL_BANDS,
     TOLERANCE_ITEMS,
+    by_step_level,
+    decode_level,
     fidelity,
+    format_by_step_level,
     format_table,
     mean_deviation,
     spread,
@@ -210,3 +215,31 @@ def test_each_run_says_where_its_steps_sat_against_the_model_as_steps_by_run_doe
     assert 0.7 < levels[RUN.name] < 1.3
     assert levels["slow"] == pytest.approx(1.5 * levels[RUN.name], rel=1e-6)
     assert f"recorded steps / the profile's model, median: decode {levels['slow']:.2f}" in format_table(rep)
+    # the latency items counted by how far their run's decode steps sat from the model: the 1.5x copy well off it
+    bands = {b["band"]: b for b in rep["latency_by_step_level"]}
+    near = next(label for label, lo, hi in STEP_LEVEL_BANDS if lo <= abs(levels[RUN.name] - 1) < hi)
+    for name, band in ((RUN.name, near), ("slow", "10 % or more")):
+        run = next(r for r in rep["runs"] if r["name"] == name)
+        mine = [run["items"][k]["pass"] for k in LATENCY_ITEMS]
+        assert None not in mine and decode_level(run) == levels[name]
+        if band != near:
+            assert (bands[band]["items"], bands[band]["failed"]) == (6, mine.count(False))
+    assert sum(b["items"] for b in bands.values()) == rep["latency_items"]["items"] == 12
+    assert sum(b["failed"] for b in bands.values()) == 12 - rep["latency_items"]["passed"]
+    text = format_table(rep)
+    far = bands["10 % or more"]
+    assert f"10 % or more off: {far['failed']} of {far['items']}" in text
+
+
+def test_latency_verdicts_by_the_runs_step_level() -> None:
+    """``by_step_level``: a band holds the levels ``lo <= |level - 1| < hi``; runs without a level are counted apart;
+    an empty band is left out, and the line is only printed where some run has a level."""
+    judged = [(1.0, True), (0.96, False), (0.95, True), (1.09, False), (1.10, False), (0.5, True), (None, False)]
+    assert by_step_level(judged) == [
+        {"band": "under 5 %", "items": 2, "failed": 1}, {"band": "5-10 %", "items": 2, "failed": 1},
+        {"band": "10 % or more", "items": 2, "failed": 1}, {"band": "not known", "items": 1, "failed": 1}]
+    assert by_step_level([(1.2, True)]) == [{"band": "10 % or more", "items": 1, "failed": 0}]
+    assert by_step_level([]) == []
+    assert format_by_step_level(by_step_level([(None, True)])) is None
+    line = format_by_step_level(by_step_level(judged))
+    assert line is not None and "under 5 % off: 1 of 2; 5-10 % off: 1 of 2" in line and "not known: 1 of 1" in line

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from twin.calibration.fidelity import LATENCY_ITEMS, fidelity, format_table, latency_counts
+from twin.calibration.fidelity import (LATENCY_ITEMS, decode_level, fidelity, format_by_step_level, format_table,
+                                      latency_counts)
 from twin.calibration.sessions import format_sessions, session_parts, sessions_report
 from twin.cli import main
 
@@ -49,12 +50,21 @@ def test_each_session_is_its_own_fidelity_table(report) -> None:
         # each latency item carries twin*'s error (the recorded step times) as fidelity gives it
         assert [x["rel_error_recorded_steps"] for x in s["latency"]] == [
             r["items"][k]["rel_error_recorded_steps"] for r in direct["runs"] for k in LATENCY_ITEMS]
+        # and its run's decode level, counted by band as fidelity counts its own runs
+        assert [x["decode_level"] for x in s["latency"]] == [
+            decode_level(r) for r in direct["runs"] for k in LATENCY_ITEMS]
+        assert s["latency_by_step_level"] == direct["latency_by_step_level"]
+        assert sum(b["items"] for b in s["latency_by_step_level"]) == 72
     t = report["totals"]
     assert t["sessions"] == 2
     assert t["latency_passed"] == sum(s["latency_passed"] for s in report["sessions"])
     assert t["passed"] == sum(s["passed"] for s in report["sessions"])
     assert t["latency_within_tolerance_outright"] == sum(s["latency_within_tolerance_outright"]
                                                          for s in report["sessions"])
+    for band in t["latency_by_step_level"]:
+        mine = [b for s in report["sessions"] for b in s["latency_by_step_level"] if b["band"] == band["band"]]
+        assert (band["items"], band["failed"]) == (sum(b["items"] for b in mine), sum(b["failed"] for b in mine))
+    assert sum(b["failed"] for b in t["latency_by_step_level"]) == t["latency_items"] - t["latency_passed"]
     every = [abs(x["rel_error"]) for s in report["sessions"] for x in s["latency"]]
     assert t["latency_median_abs_error"] == pytest.approx(statistics.median(every))
     # one of the two is the slow-host session whose offline KV-pressure run fails: the table must show it
@@ -106,6 +116,7 @@ def test_the_text_table(report) -> None:
     t = report["totals"]
     assert f"{t['latency_passed']:,} of {t['latency_items']:,} latency items" in text
     assert "skipped " + str(ROOT / "cpu-tiny-llama-diag-decode-context") in text
+    assert format_by_step_level(t["latency_by_step_level"]) in text.splitlines()
     bursty = report["by_workload"][LATENCY_ITEMS.index("ttft_p90_s") + len(LATENCY_ITEMS)]
     assert (bursty["workload"], bursty["item"]) == ("heldout-server-bursty", "ttft_p90_s")
     row = next(x for x in text.splitlines() if "heldout-server-bursty" in x and "TTFT p90" in x)

@@ -264,15 +264,14 @@ def _as_float(x: Any) -> float | None:
 
 
 def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float = DEFAULT_TOLERANCE,
-             noise: bool | None = None, noise_seed: int = 0, draws: int = 1, step_levels: bool = True
-             ) -> dict[str, Any]:
+             noise: bool | None = None, noise_seed: int = 0, draws: int = 1) -> dict[str, Any]:
     """The fidelity report (a JSON-ready dict) of ``profile`` on the recorded runs ``run_dirs``. ``noise``: the
     profile replays draw each step's time from the profile's fitted ``step_time_noise`` (``replay``); None (the
     default) where the profile has that table; ``noise_seed`` as ``replay``'s. ``draws``: replay each run with
     that many noise draws (seeds ``noise_seed`` onwards) and judge the median over them (``_over_draws``); each
     tolerance item then also carries the draws' values and their spread (``twin_draws``, ``twin_spread``).
-    ``step_levels``: each run's steps against the profile's model (``step_level``, ``run_step_level``); off, the
-    key is None (``twin fidelity --sessions`` does not show it, and skips its cost)."""
+    Each run carries its steps against the profile's model (``step_level``, ``run_step_level``), and the report the
+    latency items counted by how far their run's decode steps sat from it (``latency_by_step_level``)."""
     from twin.calibration.residuals import run_step_level
     from twin.engine_profiles import load_profile
 
@@ -328,7 +327,7 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
             entry["cold_start"] = _cold_start(rec, prof.spec.server)
         if "timing" in rp.recd:
             entry["recorded_step_times"] = rp.recd["timing"]
-        entry["step_level"] = run_step_level(rec, prof) if step_levels else None
+        entry["step_level"] = run_step_level(rec, prof)
         runs.append(entry)
     verdicts = [it["pass"] for r in runs for it in r["items"].values() if it["pass"] is not None]
     tol_items = [it for r in runs for it in r["items"].values()
@@ -339,6 +338,8 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
     return {
         "profile": profile, "profile_name": prof.name, "default_tolerance": tolerance,
         "latency_items": latency_counts([r["items"][k] for r in runs for k in LATENCY_ITEMS], tolerance),
+        "latency_by_step_level": by_step_level([(decode_level(r), r["items"][k]["pass"]) for r in runs
+                                                for k in LATENCY_ITEMS if r["items"][k]["pass"] is not None]),
         "overhead_s": overhead_s, "runs": runs,
         "step_time_noise": noisy,
         **({"noise_draws": draws} if draws > 1 else {}),
@@ -356,6 +357,41 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
                                                              if it["mean_of_repeats_pass_strict"])},
                     "recorded_steps": {"tolerance_items": len(recorded), "passed": sum(1 for v in recorded if v)}},
     }
+
+
+# how far a run's decode steps sat from the profile's model (|median recorded / model - 1|, ``step_level``), in bands:
+# near it a failure is the model's error, well off it the host ran at another speed than the sweep
+# (docs/calibration.md, "Where the error is")
+STEP_LEVEL_BANDS: tuple[tuple[str, float, float], ...] = (
+    ("under 5 %", 0.0, 0.05), ("5-10 %", 0.05, 0.10), ("10 % or more", 0.10, float("inf")))
+
+
+def decode_level(run: dict[str, Any]) -> float | None:
+    """A fidelity report run's decode steps, median recorded / the profile's model (None where it has none)."""
+    decode = (run.get("step_level") or {}).get("decode")
+    return None if decode is None else float(decode["median_ratio"])
+
+
+def by_step_level(judged: Sequence[tuple[float | None, bool]]) -> list[dict[str, Any]]:
+    """Latency verdicts ``(the run's decode level, pass)`` counted per ``STEP_LEVEL_BANDS`` band of
+    ``|level - 1|``, and under ``not known`` those whose run has no level (a band without items is left out)."""
+    out = []
+    for label, lo, hi in (*STEP_LEVEL_BANDS, ("not known", float("nan"), float("nan"))):
+        mine = [ok for level, ok in judged
+                if (level is None if label == "not known" else level is not None and lo <= abs(level - 1) < hi)]
+        if mine:
+            out.append({"band": label, "items": len(mine), "failed": sum(1 for ok in mine if not ok)})
+    return out
+
+
+def format_by_step_level(bands: Sequence[dict[str, Any]]) -> str | None:
+    """One line: the failing latency items per band of the runs' step level (None without a known level)."""
+    if not any(b["band"] != "not known" for b in bands):
+        return None
+    cells = "; ".join(f"{b['band']}{'' if b['band'] == 'not known' else ' off'}: {b['failed']} of {b['items']}"
+                      for b in bands)
+    return ("failing latency items by how far the run's decode steps sat from the model (near it, the model's "
+            f"error; well off it, the host's speed): {cells}.")
 
 
 def latency_counts(items: Sequence[dict[str, Any]], tolerance: float) -> dict[str, Any]:
@@ -481,6 +517,9 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(f"latency items (TTFT, ITL and E2E p50/p90): {lat['passed']} of {lat['items']} pass; "
                      f"{lat['within_tolerance_outright']} within {report['default_tolerance']:.0%} of the real run "
                      f"outright, median |error| {lat['median_abs_error']:.1%}.")
+        line = format_by_step_level(report.get("latency_by_step_level") or [])
+        if line is not None:
+            lines.append(line)
     rs = s.get("recorded_steps")
     if rs is not None and rs["tolerance_items"]:
         lines.append(f"twin* (scheduling and latency accounting alone): {rs['passed']} of {rs['tolerance_items']} "

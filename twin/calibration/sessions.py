@@ -3,10 +3,12 @@
 A *session* is the folder one run of ``scripts/calibrate-cpu.sh`` writes (``runs/calibrate-cpu/<model>``), or one
 committed under ``tests/fixtures/calibration/``: the fitted profile (its one top-level ``*.yaml``) and the held-out
 runs (``held-out*/<workload>/``). Each session's held-out runs are judged with its own profile, as the one command
-judged them, or all with one ``profile`` (the shipped one, say). Two views come out:
+judged them, or all with one ``profile`` (the shipped one, say). Three views come out:
 
 - per session, the items passing and the issue's latency items (TTFT, ITL and E2E p50/p90) passing, with the
   held-out workloads whose latency items fail;
+- over all sessions, the failing latency items by how far their run's decode steps sat from its profile's model
+  (``fidelity.by_step_level``): failures on runs near it are the model's, on runs well off it the host's speed;
 - per held-out workload (a run folder's name) and latency item over all sessions: how many runs pass, the median
   signed error, and in what share of runs the twin is slow. Host noise errs both ways; an item whose error leans
   one way over many sessions is the model's (docs/calibration.md, "Where calibration stands"). Beside it, twin*'s
@@ -23,7 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from twin.calibration.fidelity import DEFAULT_TOLERANCE, LATENCY_ITEMS, TOLERANCE_ITEMS, fidelity, latency_counts
+from twin.calibration.fidelity import (DEFAULT_TOLERANCE, LATENCY_ITEMS, TOLERANCE_ITEMS, by_step_level, decode_level,
+                                      fidelity, format_by_step_level, latency_counts)
 
 
 def session_parts(folder: str | Path) -> tuple[Path | None, list[Path], str | None]:
@@ -54,9 +57,10 @@ def sessions_report(folders: Sequence[str | Path], *, profile: str | None = None
             skipped.append({"folder": str(folder), "why": why})
             continue
         use = profile if profile is not None else str(own)
-        rep = fidelity(runs, profile=use, tolerance=tolerance, noise=noise, draws=draws, step_levels=False)
+        rep = fidelity(runs, profile=use, tolerance=tolerance, noise=noise, draws=draws)
         # an item without a verdict (no real value to compare with) is left out, as fidelity's own totals do
-        latency = [{"workload": r["name"], "run": r["run"], "item": k, **_latency(r["items"][k])}
+        latency = [{"workload": r["name"], "run": r["run"], "item": k, "decode_level": decode_level(r),
+                    **_latency(r["items"][k])}
                    for r in rep["runs"] for k in LATENCY_ITEMS if r["items"][k]["pass"] is not None]
         exact = [it["pass"] for r in rep["runs"] if r["mode"] == "offline"
                  for it in r["items"].values() if it["kind"] == "exact" and it["pass"] is not None]
@@ -71,7 +75,8 @@ def sessions_report(folders: Sequence[str | Path], *, profile: str | None = None
                          "latency_within_tolerance_outright": lat["within_tolerance_outright"],
                          "latency_median_abs_error": lat["median_abs_error"],
                          "offline_exact_items": len(exact), "offline_exact_passed": sum(exact),
-                         "failing_latency": dict(sorted(failing.items())), "latency": latency})
+                         "failing_latency": dict(sorted(failing.items())),
+                         "latency_by_step_level": rep["latency_by_step_level"], "latency": latency})
     if not sessions:
         raise ValueError("no session among the folders: " + "; ".join(f"{s['folder']}: {s['why']}" for s in skipped))
     return {"profile": profile, "draws": draws, "default_tolerance": tolerance, "sessions": sessions,
@@ -90,7 +95,9 @@ def _totals(sessions: list[dict[str, Any]], tolerance: float) -> dict[str, Any]:
     return {"sessions": len(sessions), **{k: sum(s[k] for s in sessions) for k in keys},
             "latency_items": lat["items"], "latency_passed": lat["passed"],
             "latency_within_tolerance_outright": lat["within_tolerance_outright"],
-            "latency_median_abs_error": lat["median_abs_error"]}
+            "latency_median_abs_error": lat["median_abs_error"],
+            "latency_by_step_level": by_step_level([(x["decode_level"], x["pass"])
+                                                    for s in sessions for x in s["latency"]])}
 
 
 def _by_workload(sessions: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -132,6 +139,9 @@ def format_sessions(report: dict[str, Any]) -> str:
               f"{t['latency_items']:,} latency items ({share:.1%}), {t['latency_within_tolerance_outright']:,} within "
               f"{tol:.0%} outright, median |error| {_pct(t['latency_median_abs_error'])}; offline exact items (steps, "
               f"composition, preemptions, prefix hits) {t['offline_exact_passed']:,} of {t['offline_exact_items']:,}"]
+    line = format_by_step_level(t["latency_by_step_level"])
+    if line is not None:
+        lines.append(line)
     for s in report["skipped"]:
         lines.append(f"skipped {s['folder']}: {s['why']}")
     lines += ["", "latency items by workload, over all sessions (error = twin / real - 1; slow = the twin's value "
