@@ -41,6 +41,7 @@ def check_refit(committed, refit) -> None:  # noqa: ANN001 (two ProfileSpecs)
     assert committed.server is not None and refit.server is not None
     assert committed.server.arrival_s == pytest.approx(refit.server.arrival_s, rel=1e-9)
     assert committed.server.per_chunk_s == pytest.approx(refit.server.per_chunk_s, rel=1e-9)
+    assert committed.server.idle_wake_s == pytest.approx(refit.server.idle_wake_s, rel=1e-9, abs=1e-15)
     assert committed.step_time_noise == refit.step_time_noise
     assert committed.server.step_time_noise == refit.server.step_time_noise
     for regime in ("decode", "prefill"):
