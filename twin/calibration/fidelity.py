@@ -372,16 +372,23 @@ def decode_level(run: dict[str, Any]) -> float | None:
     return None if decode is None else float(decode["median_ratio"])
 
 
+def step_level_band(level: float | None) -> str:
+    """The ``STEP_LEVEL_BANDS`` label of a run's decode level (``not known`` for a run without one)."""
+    if level is None:
+        return "not known"
+    return next(label for label, lo, hi in STEP_LEVEL_BANDS if lo <= abs(level - 1) < hi)
+
+
 def by_step_level(judged: Sequence[tuple[float | None, bool]]) -> list[dict[str, Any]]:
-    """Latency verdicts ``(the run's decode level, pass)`` counted per ``STEP_LEVEL_BANDS`` band of
-    ``|level - 1|``, and under ``not known`` those whose run has no level (a band without items is left out)."""
-    out = []
-    for label, lo, hi in (*STEP_LEVEL_BANDS, ("not known", float("nan"), float("nan"))):
-        mine = [ok for level, ok in judged
-                if (level is None if label == "not known" else level is not None and lo <= abs(level - 1) < hi)]
-        if mine:
-            out.append({"band": label, "items": len(mine), "failed": sum(1 for ok in mine if not ok)})
-    return out
+    """Latency verdicts ``(the run's decode level, pass)`` counted per band (``step_level_band``), in the order of
+    ``STEP_LEVEL_BANDS`` and ``not known`` last; a band without items is left out."""
+    counts: dict[str, list[int]] = {}
+    for level, ok in judged:
+        c = counts.setdefault(step_level_band(level), [0, 0])
+        c[0] += 1
+        c[1] += not ok
+    order = [label for label, _, _ in STEP_LEVEL_BANDS] + ["not known"]
+    return [{"band": b, "items": counts[b][0], "failed": counts[b][1]} for b in order if b in counts]
 
 
 def format_by_step_level(bands: Sequence[dict[str, Any]]) -> str | None:
