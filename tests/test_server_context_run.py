@@ -330,3 +330,17 @@ def test_the_one_command_with_the_idle_wake_once_more() -> None:
     assert held_out_key(slowest["run"]) == "held-out-repeat2/heldout-server-prefix-mix"
     assert [b for b in report["latency_by_step_level"] if b["failed"]] == [
         {"band": "10 % or more", "items": 24, "failed": 1}]
+
+
+FRESH_IDLE_WAKE3 = FIXTURES / "cpu-tiny-llama-freshclone-idlewake3"  # the same, a third time, a clone of 55b2df4
+
+
+def test_the_one_command_with_the_idle_wake_a_third_time() -> None:
+    """The third session of the one command with --idle-wake (SOURCES.md there): 154 of 160 items, 66 of 72 latency
+    items, twin* 127 of 128. All six latency failures are server TTFT items with the twin early and twin* early too,
+    none on a run within 5 % of the fit."""
+    _, report = _pinned_session(FRESH_IDLE_WAKE3, 154, 66, recorded=127, idle_wake=True)
+    failing = _failing_latency(FRESH_IDLE_WAKE3)
+    assert len(failing) == 6 and all(k.startswith("ttft") and w != "heldout-offline-kv-prefix" for _, w, k in failing)
+    assert all(e < -0.18 and e_rec < -0.05 for e, e_rec in failing.values())
+    assert [b["failed"] for b in report["latency_by_step_level"]] == [0, 5, 1]
