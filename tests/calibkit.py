@@ -3,11 +3,15 @@ is the refit of its sweep, and its fidelity table is what `twin fidelity` gives 
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
 import pytest
 
+from twin.calibration.calibrate import FitOptions, calibrate
 from twin.calibration.fidelity import LATENCY_ITEMS, fidelity
+from twin.engine_profiles import load_profile
 
 REPEATS = ("held-out", "held-out-repeat2", "held-out-repeat3", "held-out-repeat4")
 LATENCY = LATENCY_ITEMS  # the issue's latency items, as fidelity counts them
@@ -16,6 +20,36 @@ LATENCY = LATENCY_ITEMS  # the issue's latency items, as fidelity counts them
 def sweep_runs(root: Path) -> list[Path]:
     """The recorded runs of a session's sweep (``root/calibration``), in name order."""
     return sorted(p for p in (root / "calibration").iterdir() if (p / "run.json").exists())
+
+
+# the one command's fit options (scripts/calibrate-cpu.sh) before it took --idle-wake on 2026-12-06, night
+ONE_COMMAND = FitOptions(server_offline_attention=True, decode_floor=True)
+
+
+def pinned_session(root: Path, model: str, passed: int, latency: int, *, recorded: int,
+                   idle_wake: bool = False) -> tuple:
+    """A session of the one command (``scripts/calibrate-cpu.sh --heldout-repeats 4``): its profile ``<model>.yaml``
+    is the refit of its sweep with the command's options (``idle_wake``: the command's since 2026-12-06, night), and
+    its committed table (nine draws) is what fidelity gives today, with ``passed`` of 160 items, ``latency`` of 72
+    latency items and ``recorded`` of 128 twin* items. Returns the committed profile spec, the sweep's runs, today's
+    table and the committed one."""
+    runs = sweep_runs(root)
+    # the sweep has had a fourth server run (sweep-server-context) since 2026-12-06
+    assert len(runs) == (11 if (root / "calibration" / "sweep-server-context").is_dir() else 10)
+    committed = load_profile(str(root / f"{model}.yaml")).spec
+    command = committed.provenance.command
+    assert command.endswith("--server-offline-attention --decode-floor") and ("--idle-wake" in command) == idle_wake
+    refit = calibrate(runs, name=model, command="test", options=dataclasses.replace(ONE_COMMAND, idle_wake=idle_wake))
+    check_refit(committed, refit.spec)
+    assert committed.server.step_time.overhead_s == pytest.approx(refit.spec.server.step_time.overhead_s, rel=1e-9)
+    table = json.loads((root / "fidelity-held-out.json").read_text())
+    assert table["noise_draws"] == 9
+    report = held_out_table(root, str(root / f"{model}.yaml"))
+    check_table(report, table)
+    assert (table["summary"]["passed"], table["summary"]["items"], latency_passed(table)) == (passed, 160, latency)
+    assert table["summary"]["recorded_steps"]["passed"] == recorded
+    assert latency_passed(report) == latency
+    return committed, runs, report, table
 
 
 def held_out_table(root: Path, profile: str) -> dict:

@@ -12,7 +12,8 @@ import pytest
 from twin.calibration.calibrate import FitOptions, calibrate
 from twin.engine_profiles import load_profile
 
-from calibkit import REPEATS, check_refit, check_table, held_out_key, held_out_table, latency_passed, sweep_runs
+from calibkit import (LATENCY, REPEATS, check_refit, check_table, held_out_key, held_out_table, latency_passed,
+                      pinned_session, sweep_runs)
 
 ROOT = Path(__file__).resolve().parent / "fixtures" / "calibration" / "cpu-small-llama-sweep"
 
@@ -39,23 +40,11 @@ def _failed(report: dict) -> set[tuple[str, str]]:
 
 def _pinned(root: Path, passed: int, latency: int, *, recorded: int, floors: tuple[int, int],
             idle_wake: bool = False) -> tuple[dict, dict]:
-    """A one-command session with the decode floor: its profile is the refit of its sweep with the command's options
-    (decode floors offline and server ``floors``; 0 where the fit chose none; ``idle_wake``: the command's since
-    2026-12-06, night), and its committed table (nine draws) is what fidelity gives today, with ``passed`` of 160
-    items, ``latency`` of 72 latency items and ``recorded`` of 128 twin* items. Returns the report and the committed
-    table."""
-    committed = load_profile(str(root / "cpu-small-llama.yaml")).spec
-    command = committed.provenance.command
-    assert command.endswith("--server-offline-attention --decode-floor") and ("--idle-wake" in command) == idle_wake
-    _refit_matches(root, committed, FitOptions(server_offline_attention=True, decode_floor=True, idle_wake=idle_wake))
+    """A one-command session with the decode floor (``calibkit.pinned_session``), its decode floors offline and server
+    ``floors`` (0 where the fit chose none). Returns today's table and the committed one."""
+    committed, _, report, table = pinned_session(root, "cpu-small-llama", passed, latency, recorded=recorded,
+                                                 idle_wake=idle_wake)
     assert (committed.step_time.decode.floor_requests, committed.server.step_time.decode.floor_requests) == floors
-    table = json.loads((root / "fidelity-held-out.json").read_text())
-    assert table["noise_draws"] == 9
-    report = held_out_table(root, str(root / "cpu-small-llama.yaml"))
-    check_table(report, table)
-    assert (table["summary"]["passed"], table["summary"]["items"]) == (passed, 160)
-    assert table["summary"]["recorded_steps"]["passed"] == recorded
-    assert latency_passed(report) == latency
     return report, table
 
 
@@ -141,8 +130,7 @@ def test_the_fresh_clone_session_on_an_intel_vm_is_the_fit_and_the_table_of_its_
     latency items, twin* 127 of 128; the six latency failures are the prefix mix's on the two repeats whose decode
     steps ran below the model, which the table's per-run step line shows."""
     report, table = _pinned(FRESH_INTEL, 152, 66, recorded=127, floors=(0, 8))
-    latency = {"ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s", "e2e_p50_s", "e2e_p90_s"}
-    failing = {run for run, k in _failed(report) if k in latency}
+    failing = {run for run, k in _failed(report) if k in LATENCY}
     assert failing == {"held-out/heldout-server-prefix-mix", "held-out-repeat2/heldout-server-prefix-mix"}
     levels = {held_out_key(r["run"]): r["step_level"]["decode"]["median_ratio"] for r in table["runs"]}
     assert all(levels[run] < 0.97 for run in failing)
@@ -158,8 +146,7 @@ def test_the_one_command_with_the_idle_wake_on_the_small_model() -> None:
     bursty run that ran fastest, with twin* within a few percent on each."""
     report, table = _pinned(FRESH_IDLE_WAKE, 131, 55, recorded=128, floors=(0, 0), idle_wake=True)
     assert report["latency_items"]["median_abs_error"] < 0.07
-    latency = ("ttft_p50_s", "ttft_p90_s", "itl_p50_s", "itl_p90_s", "e2e_p50_s", "e2e_p90_s")
-    failing = [(held_out_key(r["run"]), r, r["items"][k]) for r in table["runs"] for k in latency
+    failing = [(held_out_key(r["run"]), r, r["items"][k]) for r in table["runs"] for k in LATENCY
                if r["items"][k]["pass"] is False]
     assert {run for run, _, _ in failing} == {f"{rep}/heldout-server-prefix-mix" for rep in REPEATS} | {
         "held-out/heldout-server-bursty"}

@@ -10,7 +10,6 @@ without it gets wrong."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -28,8 +27,7 @@ from twin.engine_profiles.derive import write_spec
 from twin.engine_profiles.profile import step_time_model_of
 from twin.engine_profiles.step import StepShape
 
-from calibkit import (LATENCY, REPEATS, check_refit, check_table, held_out_key, held_out_table, latency_passed,
-                      sweep_runs)
+from calibkit import LATENCY, REPEATS, held_out_key, held_out_table, latency_passed, pinned_session, sweep_runs
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "calibration"
 SESSIONS = [FIXTURES / "cpu-small-llama-context", FIXTURES / "cpu-small-llama-context2"]
@@ -106,22 +104,10 @@ def test_the_tiny_models_session_with_the_run() -> None:
 
 def _pinned_session(root: Path, passed: int, latency: int, *, recorded: int = 128,
                     idle_wake: bool = False) -> tuple[list[Path], dict]:
-    """A one-command cpu-tiny-llama session with the eleven-run sweep: its profile is the refit of its sweep with the
-    command's options (``idle_wake``: the command's since 2026-12-06, night), and its committed table (nine draws) is
-    what fidelity gives today, with ``passed`` of 160 items, ``latency`` of 72 latency items and ``recorded`` of 128
-    twin* items. Returns the sweep's runs and today's table."""
-    runs = sweep_runs(root)
-    assert len(runs) == 11
-    committed = load_profile(str(root / "cpu-tiny-llama.yaml")).spec
-    command = committed.provenance.command
-    assert command.endswith("--server-offline-attention --decode-floor") and ("--idle-wake" in command) == idle_wake
-    options = dataclasses.replace(OPTIONS, idle_wake=idle_wake)
-    check_refit(committed, calibrate(runs, name="cpu-tiny-llama", command="test", options=options).spec)
-    table = json.loads((root / "fidelity-held-out.json").read_text())
-    report = held_out_table(root, str(root / "cpu-tiny-llama.yaml"))
-    check_table(report, table)
-    assert (table["summary"]["passed"], table["summary"]["items"], latency_passed(table)) == (passed, 160, latency)
-    assert table["summary"]["recorded_steps"]["passed"] == recorded
+    """A one-command cpu-tiny-llama session with the eleven-run sweep (``calibkit.pinned_session``). Returns the
+    sweep's runs and today's table."""
+    assert (root / "calibration" / "sweep-server-context").is_dir()
+    _, runs, report, _ = pinned_session(root, "cpu-tiny-llama", passed, latency, recorded=recorded, idle_wake=idle_wake)
     return runs, report
 
 
