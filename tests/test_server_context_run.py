@@ -330,3 +330,18 @@ def test_the_one_command_with_the_idle_wake_a_third_time() -> None:
     assert len(failing) == 6 and all(k.startswith("ttft") and w != "heldout-offline-kv-prefix" for _, w, k in failing)
     assert all(e < -0.18 and e_rec < -0.05 for e, e_rec in failing.values())
     assert [b["failed"] for b in report["latency_by_step_level"]] == [0, 5, 1]
+
+
+FRESH_IDLE_WAKE4 = FIXTURES / "cpu-tiny-llama-freshclone-idlewake4"  # the same, a fourth time, a clone of 1d8d0af
+
+
+def test_the_one_command_with_the_idle_wake_a_fourth_time() -> None:
+    """The fourth session of the one command with --idle-wake (SOURCES.md there): 157 of 160 items, 69 of 72 latency
+    items, twin* 128 of 128. The three latency failures are the bursty run's TTFT p50, the twin early, one in each
+    band of the step-level count."""
+    _, report = _pinned_session(FRESH_IDLE_WAKE4, 157, 69, recorded=128, idle_wake=True)
+    failing = _failing_latency(FRESH_IDLE_WAKE4)
+    assert {(w, k) for _, w, k in failing} == {("heldout-server-bursty", "ttft_p50_s")}
+    assert sorted(r for r, _, _ in failing) == ["held-out", "held-out-repeat2", "held-out-repeat4"]
+    assert all(e < -0.16 and abs(e_rec) < 0.10 for e, e_rec in failing.values())
+    assert [b["failed"] for b in report["latency_by_step_level"]] == [1, 1, 1]
