@@ -154,3 +154,18 @@ def test_the_one_command_with_the_idle_wake_on_the_small_model() -> None:
     server = [r for r in table["runs"] if r["mode"] == "server"]
     assert all(r["step_level"]["decode"]["median_ratio"] < 0.98 for r in server)
     assert min(server, key=lambda r: r["step_level"]["decode"]["median_ratio"])["name"] == "heldout-server-bursty"
+
+
+FRESH_IDLE_WAKE2 = ROOT.parent / "cpu-small-llama-freshclone-idlewake2"  # the same command again, a clone of 1d8d0af
+
+
+def test_the_one_command_with_the_idle_wake_on_the_small_model_again() -> None:
+    """tests/fixtures/calibration/cpu-small-llama-freshclone-idlewake2 (SOURCES.md there): 160 of 160 items, 72 of 72
+    latency items, twin* 128 of 128, with the repeats spread wide; the largest errors pass on that spread."""
+    report, table = _pinned(FRESH_IDLE_WAKE2, 160, 72, recorded=128, floors=(0, 8), idle_wake=True)
+    assert table["latency_items"]["within_tolerance_outright"] == 57
+    assert report["latency_items"]["median_abs_error"] < 0.06
+    worst = max(((r, k) for r in table["runs"] for k in LATENCY), key=lambda x: abs(x[0]["items"][x[1]]["rel_error"]))
+    run, key = worst
+    assert (held_out_key(run["run"]), key) == ("held-out/heldout-server-bursty", "itl_p90_s")
+    assert -0.43 < run["items"][key]["rel_error"] < -0.42 and run["items"][key]["spread"] > 0.6
