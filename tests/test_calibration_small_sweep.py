@@ -12,8 +12,8 @@ import pytest
 from twin.calibration.calibrate import FitOptions, calibrate
 from twin.engine_profiles import load_profile
 
-from calibkit import (LATENCY, REPEATS, check_refit, check_table, held_out_key, held_out_table, latency_passed,
-                      pinned_session, sweep_runs)
+from calibkit import (LATENCY, ONE_COMMAND, REPEATS, check_refit, check_table, held_out_key, held_out_table,
+                      latency_passed, pinned_session, sweep_runs)
 
 ROOT = Path(__file__).resolve().parent / "fixtures" / "calibration" / "cpu-small-llama-sweep"
 
@@ -68,7 +68,7 @@ def test_the_shipped_profile_is_the_pooled_fit_of_the_two_context_sessions() -> 
     72 latency items."""
     shipped = load_profile("cpu-small-llama").spec
     assert shipped.provenance.command.endswith("--server-offline-attention --decode-floor")
-    _refit_matches([CONTEXT, CONTEXT2], shipped, FitOptions(server_offline_attention=True, decode_floor=True))
+    _refit_matches([CONTEXT, CONTEXT2], shipped, ONE_COMMAND)
     assert (shipped.step_time.decode.floor_requests, shipped.server.step_time.decode.floor_requests) == (6, 6)
     report = held_out_table(CONTEXT, "cpu-small-llama")
     assert (report["summary"]["passed"], report["summary"]["items"]) == (152, 160)
@@ -165,7 +165,7 @@ def test_the_one_command_with_the_idle_wake_on_the_small_model_again() -> None:
     report, table = _pinned(FRESH_IDLE_WAKE2, 160, 72, recorded=128, floors=(0, 8), idle_wake=True)
     assert table["latency_items"]["within_tolerance_outright"] == 57
     assert report["latency_items"]["median_abs_error"] < 0.06
-    worst = max(((r, k) for r in table["runs"] for k in LATENCY), key=lambda x: abs(x[0]["items"][x[1]]["rel_error"]))
-    run, key = worst
+    run, key = max(((r, k) for r in table["runs"] for k in LATENCY),
+                   key=lambda rk: abs(rk[0]["items"][rk[1]]["rel_error"]))
     assert (held_out_key(run["run"]), key) == ("held-out/heldout-server-bursty", "itl_p90_s")
     assert -0.43 < run["items"][key]["rel_error"] < -0.42 and run["items"][key]["spread"] > 0.6
