@@ -27,19 +27,23 @@ ONE_COMMAND = FitOptions(server_offline_attention=True, decode_floor=True)
 
 
 def pinned_session(root: Path, model: str, passed: int, latency: int, *, recorded: int,
-                   idle_wake: bool = False) -> tuple:
+                   idle_wake: bool = False, front_end: bool = False) -> tuple:
     """A session of the one command (``scripts/calibrate-cpu.sh --heldout-repeats 4``): its profile ``<model>.yaml``
-    is the refit of its sweep with the command's options (``idle_wake``: the command's since 2026-12-06, night), and
-    its committed table (nine draws) is what fidelity gives today, with ``passed`` of 160 items, ``latency`` of 72
-    latency items and ``recorded`` of 128 twin* items. Returns the committed profile spec, the sweep's runs, today's
-    table and the committed one."""
+    is the refit of its sweep with the command's options (``idle_wake``: the command's since 2026-12-06, night;
+    ``front_end``: its ``--stream-ends --intake``, since 2026-12-07, morning), and its committed table (nine draws) is
+    what fidelity gives today, with ``passed`` of 160 items, ``latency`` of 72 latency items and ``recorded`` of 128
+    twin* items. Returns the committed profile spec, the sweep's runs, today's table and the committed one."""
     runs = sweep_runs(root)
     # the sweep has had a fourth server run (sweep-server-context) since 2026-12-06
     assert len(runs) == (11 if (root / "calibration" / "sweep-server-context").is_dir() else 10)
     committed = load_profile(str(root / f"{model}.yaml")).spec
     command = committed.provenance.command
-    assert command.endswith("--server-offline-attention --decode-floor") and ("--idle-wake" in command) == idle_wake
-    refit = calibrate(runs, name=model, command="test", options=dataclasses.replace(ONE_COMMAND, idle_wake=idle_wake))
+    flags = set(command.split(f"--name {model}", 1)[1].split())
+    expected = {"--server-offline-attention", "--decode-floor"} | ({"--idle-wake"} if idle_wake else set()) | (
+        {"--stream-ends", "--intake"} if front_end else set())
+    assert flags == expected, command
+    refit = calibrate(runs, name=model, command="test", options=dataclasses.replace(
+        ONE_COMMAND, idle_wake=idle_wake, stream_ends=front_end, intake=front_end))
     check_refit(committed, refit.spec)
     assert committed.server.step_time.overhead_s == pytest.approx(refit.spec.server.step_time.overhead_s, rel=1e-9)
     table = json.loads((root / "fidelity-held-out.json").read_text())
@@ -76,6 +80,8 @@ def check_refit(committed, refit) -> None:  # noqa: ANN001 (two ProfileSpecs)
     assert committed.server.arrival_s == pytest.approx(refit.server.arrival_s, rel=1e-9)
     assert committed.server.per_chunk_s == pytest.approx(refit.server.per_chunk_s, rel=1e-9)
     assert committed.server.idle_wake_s == pytest.approx(refit.server.idle_wake_s, rel=1e-9, abs=1e-15)
+    for term in ("per_first_chunk_s", "per_last_chunk_s", "per_request_in_s"):
+        assert getattr(committed.server, term) == pytest.approx(getattr(refit.server, term), rel=1e-9, abs=1e-15)
     assert committed.step_time_noise == refit.step_time_noise
     assert committed.server.step_time_noise == refit.server.step_time_noise
     for regime in ("decode", "prefill"):
