@@ -22,7 +22,8 @@ def sweep_runs(root: Path) -> list[Path]:
     return sorted(p for p in (root / "calibration").iterdir() if (p / "run.json").exists())
 
 
-# the one command's fit options (scripts/calibrate-cpu.sh) before it took --idle-wake on 2026-12-06, night
+# the one command's fit options (scripts/calibrate-cpu.sh) before it took --idle-wake on 2026-12-06, night (and
+# --stream-ends --intake on 2026-12-07, morning: pinned_session's idle_wake and front_end)
 ONE_COMMAND = FitOptions(server_offline_attention=True, decode_floor=True)
 
 
