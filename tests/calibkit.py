@@ -12,6 +12,7 @@ import pytest
 from twin.calibration.calibrate import FitOptions, calibrate
 from twin.calibration.fidelity import LATENCY_ITEMS, fidelity
 from twin.engine_profiles import load_profile
+from twin.engine_profiles.derive import write_spec
 
 REPEATS = ("held-out", "held-out-repeat2", "held-out-repeat3", "held-out-repeat4")
 LATENCY = LATENCY_ITEMS  # the issue's latency items, as fidelity counts them
@@ -57,12 +58,23 @@ def pinned_session(root: Path, model: str, passed: int, latency: int, *, recorde
     return committed, runs, report, table
 
 
+def held_out_runs(root: Path) -> list[Path]:
+    """A four-repeat session's twelve held-out runs."""
+    runs = sorted(p for rep in REPEATS for p in (root / rep).iterdir())
+    assert len(runs) == 12
+    return runs
+
+
 def held_out_table(root: Path, profile: str) -> dict:
     """``twin fidelity`` of ``profile`` on a four-repeat session's twelve held-out runs, nine noise draws a run (the
     one command's table)."""
-    runs = sorted(p for rep in REPEATS for p in (root / rep).iterdir())
-    assert len(runs) == 12
-    return fidelity(runs, profile=profile, draws=9)
+    return fidelity(held_out_runs(root), profile=profile, draws=9)
+
+
+def spec_latency_passed(spec, runs: list[Path], path: Path) -> int:  # noqa: ANN001 (an EngineProfileSpec)
+    """The latency items ``runs`` pass with ``spec`` (written to ``path``), nine noise draws a run."""
+    write_spec(spec, path)
+    return latency_passed(fidelity(runs, profile=str(path), draws=9))
 
 
 def latency_passed(report: dict) -> int:

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from twin.calibration.calibrate import FitOptions, calibrate
-from twin.calibration.fidelity import fidelity
 from twin.calibration.recorded import load_recorded_run
 from twin.calibration.regimes import predict_model_s
 from twin.calibration.server import IDLE_AFTER_S, idle_wake_excess_s, idle_wakes, reconstruct, step_front_end_s
@@ -20,7 +19,7 @@ from twin.engine_profiles import load_profile
 from twin.engine_profiles.derive import write_spec
 from twin.replay import IdleWakeExtra, replay
 
-from calibkit import LATENCY, ONE_COMMAND, sweep_runs
+from calibkit import ONE_COMMAND, spec_latency_passed, sweep_runs
 
 ROOT = Path(__file__).resolve().parent / "fixtures" / "calibration" / "cpu-tiny-llama-offlinewarm2"
 SWEEP = sorted(p for p in (ROOT / "calibration").iterdir() if (p / "run.json").exists())
@@ -111,10 +110,5 @@ def test_where_the_option_lost_items_on_the_fourth_one_command_session(tmp_path:
     assert with_wake.step_time_noise.num_samples["prefill"] == without.step_time_noise.num_samples["prefill"] - 16
     noise = without.step_time_noise.model_copy(update={"prefill": with_wake.step_time_noise.prefill})
     swapped = fits[False].model_copy(update={"server": without.model_copy(update={"step_time_noise": noise})})
-
-    def passed(spec, name: str) -> int:  # noqa: ANN001 (an EngineProfileSpec)
-        write_spec(spec, tmp_path / f"{name}.yaml")
-        report = fidelity(runs, profile=str(tmp_path / f"{name}.yaml"), draws=9)
-        return sum(r["items"][k]["pass"] for r in report["runs"] for k in LATENCY)
-
-    assert (passed(fits[True], "with"), passed(fits[False], "without"), passed(swapped, "swapped")) == (45, 47, 45)
+    assert [spec_latency_passed(spec, runs, tmp_path / f"{name}.yaml") for name, spec in
+            (("with", fits[True]), ("without", fits[False]), ("swapped", swapped))] == [45, 47, 45]
