@@ -39,11 +39,11 @@ def _failed(report: dict) -> set[tuple[str, str]]:
 
 
 def _pinned(root: Path, passed: int, latency: int, *, recorded: int, floors: tuple[int, int],
-            idle_wake: bool = False) -> tuple[dict, dict]:
+            idle_wake: bool = False, front_end: bool = False) -> tuple[dict, dict]:
     """A one-command session with the decode floor (``calibkit.pinned_session``), its decode floors offline and server
     ``floors`` (0 where the fit chose none). Returns today's table and the committed one."""
     committed, _, report, table = pinned_session(root, "cpu-small-llama", passed, latency, recorded=recorded,
-                                                 idle_wake=idle_wake)
+                                                 idle_wake=idle_wake, front_end=front_end)
     assert (committed.step_time.decode.floor_requests, committed.server.step_time.decode.floor_requests) == floors
     return report, table
 
@@ -169,3 +169,21 @@ def test_the_one_command_with_the_idle_wake_on_the_small_model_again() -> None:
                    key=lambda rk: abs(rk[0]["items"][rk[1]]["rel_error"]))
     assert (held_out_key(run["run"]), key) == ("held-out/heldout-server-bursty", "itl_p90_s")
     assert -0.43 < run["items"][key]["rel_error"] < -0.42 and run["items"][key]["spread"] > 0.6
+
+
+FRESH_FRONT_END = ROOT.parent / "cpu-small-llama-freshclone-frontend"  # the one command with the terms, a clone of ada8e6d
+
+
+def test_the_one_command_with_the_front_ends_terms_on_the_small_model() -> None:
+    """tests/fixtures/calibration/cpu-small-llama-freshclone-frontend (SOURCES.md there): 159 of 160 items, 71 of 72
+    latency items, twin* 128 of 128, on a host whose speed moved by a third within the session: the last repeat's
+    server runs' decode steps sat at 0.72 and 0.77 of the fit, the repeats spread wide, and the one failure is the
+    twin slow on that repeat's prefix mix ITL p90 (+84 % against a 74 % spread), where twin* is within 8 %."""
+    report, table = _pinned(FRESH_FRONT_END, 159, 71, recorded=128, floors=(3, 8), idle_wake=True, front_end=True)
+    assert table["latency_items"]["within_tolerance_outright"] == 28
+    (failing,) = [(held_out_key(r["run"]), k, r["items"][k]) for r in table["runs"] for k in LATENCY
+                  if r["items"][k]["pass"] is False]
+    assert failing[:2] == ("held-out-repeat4/heldout-server-prefix-mix", "itl_p90_s")
+    assert failing[2]["rel_error"] > 0.8 and abs(failing[2]["rel_error_recorded_steps"]) < 0.08
+    server = [r for r in table["runs"] if r["mode"] == "server" and "repeat4" in r["run"]]
+    assert all(r["step_level"]["decode"]["median_ratio"] < 0.8 for r in server)
