@@ -381,3 +381,24 @@ def test_the_one_command_with_the_front_ends_terms_a_second_time() -> None:
     _, report = _pinned_session(FRESH_FRONT_END2, 160, 72, recorded=127, idle_wake=True, front_end=True)
     assert report["latency_items"]["within_tolerance_outright"] == 55
     assert report["latency_items"]["median_abs_error"] < 0.05
+
+
+FRESH_FRONT_END3 = FIXTURES / "cpu-tiny-llama-freshclone-frontend3"  # the one command with the terms, a clone of 811ee02
+
+
+def test_the_one_command_with_the_front_ends_terms_a_third_time() -> None:
+    """The third session of the one command with --stream-ends --intake (SOURCES.md there): 148 of 160 items, 63 of 72
+    latency items, twin* 128 of 128. Seven of the nine failures are the bursty run's step tail (ITL p90 on every
+    repeat), the twin slow where twin* is within 5 %: the twin's drawn step-time noise ran a longer tail than these
+    runs' steps. The other two are the prefix mix's TTFT p50, late with twin* late as well."""
+    _, report = _pinned_session(FRESH_FRONT_END3, 148, 63, recorded=128, idle_wake=True, front_end=True)
+    table = json.loads((FRESH_FRONT_END3 / "fidelity-held-out.json").read_text())
+    failing = [(held_out_key(r["run"]).split("/")[1], k, r["items"][k]) for r in table["runs"] for k in LATENCY
+               if r["items"][k]["pass"] is False]
+    bursty = [it for w, _, it in failing if w == "heldout-server-bursty"]
+    assert len(bursty) == 7 and {k for w, k, _ in failing if w == "heldout-server-bursty"} >= {"itl_p90_s"}
+    assert all(it["rel_error"] > 0.10 and abs(it["rel_error_recorded_steps"]) < 0.05 for it in bursty)
+    assert [(w, k) for w, k, _ in failing if w != "heldout-server-bursty"] == [("heldout-server-prefix-mix",
+                                                                              "ttft_p50_s")] * 2
+    assert sum(1 for r in table["runs"] if r["name"] == "heldout-server-bursty"
+               and r["items"]["itl_p90_s"]["pass"] is False) == 4
