@@ -171,7 +171,7 @@ def test_the_one_command_with_the_idle_wake_on_the_small_model_again() -> None:
     assert -0.43 < run["items"][key]["rel_error"] < -0.42 and run["items"][key]["spread"] > 0.6
 
 
-FRESH_FRONT_END = ROOT.parent / "cpu-small-llama-freshclone-frontend"  # the one command with the terms, a clone of ada8e6d
+FRESH_FRONT_END = ROOT.parent / "cpu-small-llama-freshclone-frontend"  # the command with the terms, clone of ada8e6d
 
 
 def test_the_one_command_with_the_front_ends_terms_on_the_small_model() -> None:

@@ -371,7 +371,7 @@ def test_the_one_command_with_the_front_ends_terms_from_a_fresh_clone() -> None:
     assert report["latency_items"]["within_tolerance_outright"] == 57
 
 
-FRESH_FRONT_END2 = FIXTURES / "cpu-tiny-llama-freshclone-frontend2"  # the one command with the terms, a clone of ada8e6d
+FRESH_FRONT_END2 = FIXTURES / "cpu-tiny-llama-freshclone-frontend2"  # the command with the terms, a clone of ada8e6d
 
 
 def test_the_one_command_with_the_front_ends_terms_a_second_time() -> None:
@@ -383,7 +383,7 @@ def test_the_one_command_with_the_front_ends_terms_a_second_time() -> None:
     assert report["latency_items"]["median_abs_error"] < 0.05
 
 
-FRESH_FRONT_END3 = FIXTURES / "cpu-tiny-llama-freshclone-frontend3"  # the one command with the terms, a clone of 811ee02
+FRESH_FRONT_END3 = FIXTURES / "cpu-tiny-llama-freshclone-frontend3"  # the command with the terms, a clone of 811ee02
 
 
 def test_the_one_command_with_the_front_ends_terms_a_third_time() -> None:
