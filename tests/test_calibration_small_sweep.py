@@ -187,3 +187,19 @@ def test_the_one_command_with_the_front_ends_terms_on_the_small_model() -> None:
     assert failing[2]["rel_error"] > 0.8 and abs(failing[2]["rel_error_recorded_steps"]) < 0.08
     server = [r for r in table["runs"] if r["mode"] == "server" and "repeat4" in r["run"]]
     assert all(r["step_level"]["decode"]["median_ratio"] < 0.8 for r in server)
+
+
+FRESH_FRONT_END2 = ROOT.parent / "cpu-small-llama-freshclone-frontend2"  # the same command again, clone of 342fbd8
+
+
+def test_the_one_command_with_the_front_ends_terms_on_the_small_model_again() -> None:
+    """tests/fixtures/calibration/cpu-small-llama-freshclone-frontend2 (SOURCES.md there): 150 of 160 items, 66 of 72
+    latency items, twin* 128 of 128. The held-out server runs ran slower than the sweep's (the speed probe steady),
+    and all six failures are the bursty run, the twin fast, on runs at 1.10-1.18 of the fit, twin* within 8 %."""
+    report, table = _pinned(FRESH_FRONT_END2, 150, 66, recorded=128, floors=(0, 0), idle_wake=True, front_end=True)
+    failing = [(held_out_key(r["run"]), k, r, r["items"][k]) for r in table["runs"] for k in LATENCY
+               if r["items"][k]["pass"] is False]
+    assert len(failing) == 6 and {run.split("/")[1] for run, _, _, _ in failing} == {"heldout-server-bursty"}
+    assert sum(1 for _, k, _, _ in failing if k == "ttft_p90_s") == 4
+    assert all(it["rel_error"] < -0.15 and abs(it["rel_error_recorded_steps"]) < 0.08
+               and 1.09 < r["step_level"]["decode"]["median_ratio"] < 1.19 for _, _, r, it in failing)
