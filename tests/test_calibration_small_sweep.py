@@ -179,7 +179,7 @@ def test_the_one_command_with_the_front_ends_terms_on_the_small_model() -> None:
     latency items, twin* 128 of 128, on a host whose speed moved by a third within the session: the last repeat's
     server runs' decode steps sat at 0.72 and 0.77 of the fit, the repeats spread wide, and the one failure is the
     twin slow on that repeat's prefix mix ITL p90 (+84 % against a 74 % spread), where twin* is within 8 %."""
-    report, table = _pinned(FRESH_FRONT_END, 159, 71, recorded=128, floors=(3, 8), idle_wake=True, front_end=True)
+    _, table = _pinned(FRESH_FRONT_END, 159, 71, recorded=128, floors=(3, 8), idle_wake=True, front_end=True)
     assert table["latency_items"]["within_tolerance_outright"] == 28
     (failing,) = [(held_out_key(r["run"]), k, r["items"][k]) for r in table["runs"] for k in LATENCY
                   if r["items"][k]["pass"] is False]
@@ -196,7 +196,7 @@ def test_the_one_command_with_the_front_ends_terms_on_the_small_model_again() ->
     """tests/fixtures/calibration/cpu-small-llama-freshclone-frontend2 (SOURCES.md there): 150 of 160 items, 66 of 72
     latency items, twin* 128 of 128. The held-out server runs ran slower than the sweep's (the speed probe steady),
     and all six failures are the bursty run, the twin fast, on runs at 1.10-1.18 of the fit, twin* within 8 %."""
-    report, table = _pinned(FRESH_FRONT_END2, 150, 66, recorded=128, floors=(0, 0), idle_wake=True, front_end=True)
+    _, table = _pinned(FRESH_FRONT_END2, 150, 66, recorded=128, floors=(0, 0), idle_wake=True, front_end=True)
     failing = [(held_out_key(r["run"]), k, r, r["items"][k]) for r in table["runs"] for k in LATENCY
                if r["items"][k]["pass"] is False]
     assert len(failing) == 6 and {run.split("/")[1] for run, _, _, _ in failing} == {"heldout-server-bursty"}

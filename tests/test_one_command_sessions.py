@@ -391,7 +391,7 @@ def test_the_one_command_with_the_front_ends_terms_a_third_time() -> None:
     latency items, twin* 128 of 128. Seven of the nine failures are the bursty run's step tail (ITL p90 on every
     repeat), the twin slow where twin* is within 5 %: the twin's drawn step-time noise ran a longer tail than these
     runs' steps. The other two are the prefix mix's TTFT p50, late with twin* late as well."""
-    _, report = _pinned_session(FRESH_FRONT_END3, 148, 63, recorded=128, idle_wake=True, front_end=True)
+    _pinned_session(FRESH_FRONT_END3, 148, 63, recorded=128, idle_wake=True, front_end=True)
     table = json.loads((FRESH_FRONT_END3 / "fidelity-held-out.json").read_text())
     failing = [(held_out_key(r["run"]).split("/")[1], k, r["items"][k]) for r in table["runs"] for k in LATENCY
                if r["items"][k]["pass"] is False]
@@ -411,7 +411,7 @@ def test_the_one_command_with_the_front_ends_terms_a_fourth_time() -> None:
     """The fourth session of the one command with --stream-ends --intake (SOURCES.md there): 149 of 160 items, 64 of
     72 latency items, twin* 128 of 128, median |error| under 5 %. All eight failures are the bursty run's first two
     repeats, whose steps ran at 0.92 of the fit: the twin slow, twin* within 10 %."""
-    _, report = _pinned_session(FRESH_FRONT_END4, 149, 64, recorded=128, idle_wake=True, front_end=True)
+    _pinned_session(FRESH_FRONT_END4, 149, 64, recorded=128, idle_wake=True, front_end=True)
     table = json.loads((FRESH_FRONT_END4 / "fidelity-held-out.json").read_text())
     assert table["latency_items"]["median_abs_error"] < 0.05
     failing = [(held_out_key(r["run"]), r, r["items"][k]) for r in table["runs"] for k in LATENCY
@@ -429,7 +429,7 @@ def test_the_one_command_with_the_front_ends_terms_a_fifth_time() -> None:
     """The fifth session of the one command with --stream-ends --intake (SOURCES.md there): 157 of 160 items, 69 of
     72 latency items, twin* 125 of 128, median |error| under 5 %. The three failures are the prefix mix's TTFT p90,
     early, on runs that sat on the fit: the lean the committed sessions show there."""
-    _, report = _pinned_session(FRESH_FRONT_END5, 157, 69, recorded=125, idle_wake=True, front_end=True)
+    _pinned_session(FRESH_FRONT_END5, 157, 69, recorded=125, idle_wake=True, front_end=True)
     table = json.loads((FRESH_FRONT_END5 / "fidelity-held-out.json").read_text())
     assert table["latency_items"]["median_abs_error"] < 0.05
     failing = [(held_out_key(r["run"]), k, r, r["items"][k]) for r in table["runs"] for k in LATENCY
