@@ -77,6 +77,15 @@ def spec_latency_passed(spec, runs: list[Path], path: Path) -> int:  # noqa: ANN
     return latency_passed(fidelity(runs, profile=str(path), draws=9))
 
 
+def failing_latency(root: Path) -> dict[tuple[str, str, str], tuple[float, float]]:
+    """A session's failing latency items in its committed table: (repeat folder, workload, item) -> (the twin's
+    relative error, twin*'s)."""
+    table = json.loads((root / "fidelity-held-out.json").read_text())
+    return {(r["run"].split("/")[-2], r["name"], k): (r["items"][k]["rel_error"],
+                                                      r["items"][k]["rel_error_recorded_steps"])
+            for r in table["runs"] for k in LATENCY if r["items"][k]["pass"] is False}
+
+
 def latency_passed(report: dict) -> int:
     """The TTFT/ITL/E2E p50/p90 items of a fidelity report that pass."""
     return sum(r["items"][k]["pass"] for r in report["runs"] for k in LATENCY)

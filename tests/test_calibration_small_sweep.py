@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from twin.calibration.calibrate import FitOptions, calibrate
+from twin.calibration.fidelity import decode_level
 from twin.engine_profiles import load_profile
 
-from calibkit import (LATENCY, ONE_COMMAND, REPEATS, check_refit, check_table, held_out_key, held_out_table,
-                      latency_passed, pinned_session, sweep_runs)
+from calibkit import (LATENCY, ONE_COMMAND, REPEATS, check_refit, check_table, failing_latency, held_out_key,
+                      held_out_table, latency_passed, pinned_session, sweep_runs)
 
 ROOT = Path(__file__).resolve().parent / "fixtures" / "calibration" / "cpu-small-llama-sweep"
 
@@ -181,10 +182,9 @@ def test_the_one_command_with_the_front_ends_terms_on_the_small_model() -> None:
     twin slow on that repeat's prefix mix ITL p90 (+84 % against a 74 % spread), where twin* is within 8 %."""
     _, table = _pinned(FRESH_FRONT_END, 159, 71, recorded=128, floors=(3, 8), idle_wake=True, front_end=True)
     assert table["latency_items"]["within_tolerance_outright"] == 28
-    (failing,) = [(held_out_key(r["run"]), k, r["items"][k]) for r in table["runs"] for k in LATENCY
-                  if r["items"][k]["pass"] is False]
-    assert failing[:2] == ("held-out-repeat4/heldout-server-prefix-mix", "itl_p90_s")
-    assert failing[2]["rel_error"] > 0.8 and abs(failing[2]["rel_error_recorded_steps"]) < 0.08
+    ((key, (err, err_recorded)),) = failing_latency(FRESH_FRONT_END).items()
+    assert key == ("held-out-repeat4", "heldout-server-prefix-mix", "itl_p90_s")
+    assert err > 0.8 and abs(err_recorded) < 0.08
     server = [r for r in table["runs"] if r["mode"] == "server" and "repeat4" in r["run"]]
     assert all(r["step_level"]["decode"]["median_ratio"] < 0.8 for r in server)
 
@@ -197,9 +197,9 @@ def test_the_one_command_with_the_front_ends_terms_on_the_small_model_again() ->
     latency items, twin* 128 of 128. The held-out server runs ran slower than the sweep's (the speed probe steady),
     and all six failures are the bursty run, the twin fast, on runs at 1.10-1.18 of the fit, twin* within 8 %."""
     _, table = _pinned(FRESH_FRONT_END2, 150, 66, recorded=128, floors=(0, 0), idle_wake=True, front_end=True)
-    failing = [(held_out_key(r["run"]), k, r, r["items"][k]) for r in table["runs"] for k in LATENCY
-               if r["items"][k]["pass"] is False]
-    assert len(failing) == 6 and {run.split("/")[1] for run, _, _, _ in failing} == {"heldout-server-bursty"}
-    assert sum(1 for _, k, _, _ in failing if k == "ttft_p90_s") == 4
-    assert all(it["rel_error"] < -0.15 and abs(it["rel_error_recorded_steps"]) < 0.08
-               and 1.09 < r["step_level"]["decode"]["median_ratio"] < 1.19 for _, _, r, it in failing)
+    failing = failing_latency(FRESH_FRONT_END2)
+    assert len(failing) == 6 and {w for _, w, _ in failing} == {"heldout-server-bursty"}
+    assert sum(1 for _, _, k in failing if k == "ttft_p90_s") == 4
+    levels = {held_out_key(r["run"]): decode_level(r) for r in table["runs"]}
+    assert all(e < -0.15 and abs(e_recorded) < 0.08 and 1.09 < levels[f"{rep}/{w}"] < 1.19
+               for (rep, w, _), (e, e_recorded) in failing.items())

@@ -19,8 +19,8 @@ from twin.engine_profiles import load_profile
 from twin.engine_profiles.profile import step_time_model_of
 from twin.engine_profiles.step import StepShape
 
-from calibkit import (LATENCY, ONE_COMMAND, REPEATS, held_out_key, held_out_runs, held_out_table, latency_passed,
-                      pinned_session, spec_latency_passed, sweep_runs)
+from calibkit import (LATENCY, ONE_COMMAND, REPEATS, failing_latency, held_out_key, held_out_runs, held_out_table,
+                      latency_passed, pinned_session, spec_latency_passed, sweep_runs)
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "calibration"
 
@@ -154,15 +154,6 @@ def test_the_one_command_from_a_fresh_clone_in_the_evening() -> None:
     assert all(-0.11 < e < -0.07 for e in bursty.values())
 
 
-def _failing_latency(root: Path) -> dict[tuple[str, str, str], tuple[float, float]]:
-    """A session's failing latency items in its committed table: (repeat folder, workload, item) -> (the twin's
-    relative error, twin*'s)."""
-    table = json.loads((root / "fidelity-held-out.json").read_text())
-    return {(r["run"].split("/")[-2], r["name"], k): (r["items"][k]["rel_error"],
-                                                      r["items"][k]["rel_error_recorded_steps"])
-            for r in table["runs"] for k in LATENCY if r["items"][k]["pass"] is False}
-
-
 FRESH_SLOWHOST = FIXTURES / "cpu-tiny-llama-freshclone-slowhost"  # the one command from a fresh clone, 2026-12-06 night
 
 
@@ -171,7 +162,7 @@ def test_the_one_command_from_a_fresh_clone_on_a_host_slow_during_the_prefix_mix
     is what fidelity gives today (SOURCES.md there). Its latency failures are all the server prefix mix's, on three
     repeats whose decode steps ran at 1.31-1.59 of the fit: the twin fast by more than a quarter, twin* much closer."""
     _pinned_session(FRESH_SLOWHOST, 145, 65, recorded=127)
-    failing = _failing_latency(FRESH_SLOWHOST)
+    failing = failing_latency(FRESH_SLOWHOST)
     assert len(failing) == 7 and {f[1] for f in failing} == {"heldout-server-prefix-mix"}
     assert {f[0] for f in failing} == {"held-out", "held-out-repeat2", "held-out-repeat4"}
     assert all(e < -0.25 and e < e_rec < 0 and e_rec > -0.22 for e, e_rec in failing.values())
@@ -185,7 +176,7 @@ def test_the_one_command_from_a_fresh_clone_where_the_bursty_repeats_agree() -> 
     is what fidelity gives today (SOURCES.md there). Its latency failures are all the bursty server run's, whose repeats
     spread 7-9 %: the twin slow on ITL p90 by more than a tenth where twin* is within 4 %."""
     _pinned_session(FRESH_INTEL, 140, 57, recorded=122)
-    failing = _failing_latency(FRESH_INTEL)
+    failing = failing_latency(FRESH_INTEL)
     assert len(failing) == 15 and {f[1] for f in failing} == {"heldout-server-bursty"}
     itl90 = [v for (_, _, k), v in failing.items() if k == "itl_p90_s"]
     assert len(itl90) == 4 and all(e > 0.13 and abs(e_rec) < 0.04 for e, e_rec in itl90)
@@ -200,7 +191,7 @@ def test_the_one_command_from_a_fresh_clone_where_the_server_ttft_came_early() -
     early and twin* early too (the front end, not the step time); the offline ones are on the two repeats whose steps
     ran slowest, and the table's count by step level puts them in its outer bands."""
     _, report = _pinned_session(FRESH_TTFT, 148, 60, recorded=123)
-    failing = _failing_latency(FRESH_TTFT)
+    failing = failing_latency(FRESH_TTFT)
     assert len(failing) == 12
     ttft = {key: v for key, v in failing.items() if key[1] != "heldout-offline-kv-prefix" and key[2].startswith("ttft")}
     assert len(ttft) == 8 and all(e < -0.15 and e_rec < -0.10 for e, e_rec in ttft.values())
@@ -220,7 +211,7 @@ def test_the_one_command_with_the_idle_wake_from_a_fresh_clone() -> None:
     128; the one failing latency item is the prefix mix's E2E p50, with twin* on the real run."""
     _, report = _pinned_session(FRESH_IDLE_WAKE, 159, 71, recorded=127, idle_wake=True)
     assert 0.005 < load_profile(str(FRESH_IDLE_WAKE / "cpu-tiny-llama.yaml")).spec.server.idle_wake_s < 0.01
-    ((key, (err, err_recorded)),) = _failing_latency(FRESH_IDLE_WAKE).items()
+    ((key, (err, err_recorded)),) = failing_latency(FRESH_IDLE_WAKE).items()
     assert key == ("held-out-repeat3", "heldout-server-prefix-mix", "e2e_p50_s")
     assert 0.10 < err < 0.12 and abs(err_recorded) < 0.01
     assert report["latency_items"]["median_abs_error"] < 0.05
@@ -234,7 +225,7 @@ def test_the_one_command_with_the_idle_wake_once_more() -> None:
     items, twin* 127 of 128; the one failing latency item is the prefix mix's TTFT p90 on the repeat whose decode steps
     ran slowest against the fit, and the table's count by step level puts it there."""
     _, report = _pinned_session(FRESH_IDLE_WAKE2, 158, 71, recorded=127, idle_wake=True)
-    ((key, (err, _)),) = _failing_latency(FRESH_IDLE_WAKE2).items()
+    ((key, (err, _)),) = failing_latency(FRESH_IDLE_WAKE2).items()
     assert key == ("held-out-repeat2", "heldout-server-prefix-mix", "ttft_p90_s") and -0.13 < err < -0.12
     slowest = max(report["runs"], key=decode_level)
     assert held_out_key(slowest["run"]) == "held-out-repeat2/heldout-server-prefix-mix"
@@ -250,7 +241,7 @@ def test_the_one_command_with_the_idle_wake_a_third_time() -> None:
     items, twin* 127 of 128. All six latency failures are server TTFT items with the twin early and twin* early too,
     none on a run within 5 % of the fit."""
     _, report = _pinned_session(FRESH_IDLE_WAKE3, 154, 66, recorded=127, idle_wake=True)
-    failing = _failing_latency(FRESH_IDLE_WAKE3)
+    failing = failing_latency(FRESH_IDLE_WAKE3)
     assert len(failing) == 6 and all(k.startswith("ttft") and w != "heldout-offline-kv-prefix" for _, w, k in failing)
     assert all(e < -0.18 and e_rec < -0.05 for e, e_rec in failing.values())
     assert [b["failed"] for b in report["latency_by_step_level"]] == [0, 5, 1]
@@ -264,7 +255,7 @@ def test_the_one_command_with_the_idle_wake_a_fourth_time() -> None:
     items, twin* 128 of 128. The three latency failures are the bursty run's TTFT p50, the twin early, one in each
     band of the step-level count."""
     _, report = _pinned_session(FRESH_IDLE_WAKE4, 157, 69, recorded=128, idle_wake=True)
-    failing = _failing_latency(FRESH_IDLE_WAKE4)
+    failing = failing_latency(FRESH_IDLE_WAKE4)
     assert {(w, k) for _, w, k in failing} == {("heldout-server-bursty", "ttft_p50_s")}
     assert sorted(r for r, _, _ in failing) == ["held-out", "held-out-repeat2", "held-out-repeat4"]
     assert all(e < -0.16 and abs(e_rec) < 0.10 for e, e_rec in failing.values())
@@ -279,7 +270,7 @@ def test_the_one_command_with_the_idle_wake_a_fifth_time() -> None:
     items, twin* 127 of 128. The three latency failures are server TTFT p50 items: the prefix mix's late on the two
     repeats whose steps ran fast, the bursty run's early on the one whose steps ran slowest."""
     _, report = _pinned_session(FRESH_IDLE_WAKE5, 157, 69, recorded=127, idle_wake=True)
-    failing = _failing_latency(FRESH_IDLE_WAKE5)
+    failing = failing_latency(FRESH_IDLE_WAKE5)
     assert set(failing) == {("held-out", "heldout-server-prefix-mix", "ttft_p50_s"),
                             ("held-out-repeat2", "heldout-server-prefix-mix", "ttft_p50_s"),
                             ("held-out-repeat3", "heldout-server-bursty", "ttft_p50_s")}
@@ -299,7 +290,7 @@ def test_the_one_command_with_the_idle_wake_a_sixth_time() -> None:
     items, twin* 122 of 128. The five latency failures are the bursty run's TTFT, the twin early and twin* early too,
     on runs whose steps sat near the fit: the scheduling and latency accounting's miss, not the step-time model's."""
     _, report = _pinned_session(FRESH_IDLE_WAKE6, 154, 67, recorded=122, idle_wake=True)
-    failing = _failing_latency(FRESH_IDLE_WAKE6)
+    failing = failing_latency(FRESH_IDLE_WAKE6)
     assert {(rep, k) for rep, w, k in failing if w == "heldout-server-bursty"} == {
         *((rep, "ttft_p90_s") for rep in REPEATS), ("held-out-repeat4", "ttft_p50_s")}
     assert len(failing) == 5 and all(e < -0.11 and e_rec < -0.12 for e, e_rec in failing.values())
@@ -317,7 +308,7 @@ def test_the_one_command_with_the_idle_wake_a_seventh_time() -> None:
     items, twin* 127 of 128. Two of the three failures are the bursty run's TTFT, the twin early by more than a quarter
     on runs whose steps sat on the fit, twin* early too; the third the prefix mix's TTFT p90, just past its spread."""
     _, report = _pinned_session(FRESH_IDLE_WAKE7, 157, 69, recorded=127, idle_wake=True)
-    failing = _failing_latency(FRESH_IDLE_WAKE7)
+    failing = failing_latency(FRESH_IDLE_WAKE7)
     assert set(failing) == {("held-out", "heldout-server-bursty", "ttft_p90_s"),
                             ("held-out-repeat4", "heldout-server-bursty", "ttft_p50_s"),
                             ("held-out-repeat2", "heldout-server-prefix-mix", "ttft_p90_s")}
@@ -330,7 +321,7 @@ def test_the_one_command_with_the_idle_wake_an_eighth_time() -> None:
     """The eighth session (SOURCES.md there): 153 of 160 items, 65 of 72 latency items, twin* 127 of 128. The bursty
     run's TTFT p90 fails on all four repeats, the twin early by 10-15 %; the prefix mix's TTFT p50 late on two."""
     _pinned_session(FRESH_IDLE_WAKE8, 153, 65, recorded=127, idle_wake=True)
-    failing = _failing_latency(FRESH_IDLE_WAKE8)
+    failing = failing_latency(FRESH_IDLE_WAKE8)
     assert {rep for rep, w, k in failing if (w, k) == ("heldout-server-bursty", "ttft_p90_s")} == set(REPEATS)
     assert all(-0.15 < e < -0.10 for (_, w, _), (e, _) in failing.items() if w == "heldout-server-bursty")
     late = {rep for rep, w, k in failing if (w, k) == ("heldout-server-prefix-mix", "ttft_p50_s")}
@@ -392,16 +383,13 @@ def test_the_one_command_with_the_front_ends_terms_a_third_time() -> None:
     repeat), the twin slow where twin* is within 5 %: the twin's drawn step-time noise ran a longer tail than these
     runs' steps. The other two are the prefix mix's TTFT p50, late with twin* late as well."""
     _pinned_session(FRESH_FRONT_END3, 148, 63, recorded=128, idle_wake=True, front_end=True)
-    table = json.loads((FRESH_FRONT_END3 / "fidelity-held-out.json").read_text())
-    failing = [(held_out_key(r["run"]).split("/")[1], k, r["items"][k]) for r in table["runs"] for k in LATENCY
-               if r["items"][k]["pass"] is False]
-    bursty = [it for w, _, it in failing if w == "heldout-server-bursty"]
-    assert len(bursty) == 7 and {k for w, k, _ in failing if w == "heldout-server-bursty"} >= {"itl_p90_s"}
-    assert all(it["rel_error"] > 0.10 and abs(it["rel_error_recorded_steps"]) < 0.05 for it in bursty)
-    assert [(w, k) for w, k, _ in failing if w != "heldout-server-bursty"] == [("heldout-server-prefix-mix",
-                                                                              "ttft_p50_s")] * 2
-    assert sum(1 for r in table["runs"] if r["name"] == "heldout-server-bursty"
-               and r["items"]["itl_p90_s"]["pass"] is False) == 4
+    failing = failing_latency(FRESH_FRONT_END3)
+    bursty = {key: errors for key, errors in failing.items() if key[1] == "heldout-server-bursty"}
+    assert len(bursty) == 7 and {k for _, _, k in bursty} >= {"itl_p90_s"}
+    assert all(e > 0.10 and abs(e_recorded) < 0.05 for e, e_recorded in bursty.values())
+    assert sorted((w, k) for _, w, k in failing if w != "heldout-server-bursty") == [("heldout-server-prefix-mix",
+                                                                                     "ttft_p50_s")] * 2
+    assert sum(1 for _, _, k in bursty if k == "itl_p90_s") == 4
 
 
 FRESH_FRONT_END4 = FIXTURES / "cpu-tiny-llama-freshclone-frontend4"  # the command with the terms, a clone of 811ee02
@@ -411,15 +399,14 @@ def test_the_one_command_with_the_front_ends_terms_a_fourth_time() -> None:
     """The fourth session of the one command with --stream-ends --intake (SOURCES.md there): 149 of 160 items, 64 of
     72 latency items, twin* 128 of 128, median |error| under 5 %. All eight failures are the bursty run's first two
     repeats, whose steps ran at 0.92 of the fit: the twin slow, twin* within 10 %."""
-    _pinned_session(FRESH_FRONT_END4, 149, 64, recorded=128, idle_wake=True, front_end=True)
-    table = json.loads((FRESH_FRONT_END4 / "fidelity-held-out.json").read_text())
-    assert table["latency_items"]["median_abs_error"] < 0.05
-    failing = [(held_out_key(r["run"]), r, r["items"][k]) for r in table["runs"] for k in LATENCY
-               if r["items"][k]["pass"] is False]
-    assert {run for run, _, _ in failing} == {f"{rep}/heldout-server-bursty" for rep in REPEATS[:2]}
+    _, report = _pinned_session(FRESH_FRONT_END4, 149, 64, recorded=128, idle_wake=True, front_end=True)
+    assert report["latency_items"]["median_abs_error"] < 0.05
+    failing = failing_latency(FRESH_FRONT_END4)
+    assert {(rep, w) for rep, w, _ in failing} == {(rep, "heldout-server-bursty") for rep in REPEATS[:2]}
     assert len(failing) == 8
-    assert all(it["rel_error"] > 0.15 and abs(it["rel_error_recorded_steps"]) < 0.10 for _, _, it in failing)
-    assert all(0.9 < r["step_level"]["decode"]["median_ratio"] < 0.93 for _, r, _ in failing)
+    assert all(e > 0.15 and abs(e_recorded) < 0.10 for e, e_recorded in failing.values())
+    levels = {held_out_key(r["run"]): decode_level(r) for r in report["runs"]}
+    assert all(0.9 < levels[f"{rep}/{w}"] < 0.93 for rep, w, _ in failing)
 
 
 FRESH_FRONT_END5 = FIXTURES / "cpu-tiny-llama-freshclone-frontend5"  # the command with the terms, a clone of 342fbd8
@@ -429,12 +416,10 @@ def test_the_one_command_with_the_front_ends_terms_a_fifth_time() -> None:
     """The fifth session of the one command with --stream-ends --intake (SOURCES.md there): 157 of 160 items, 69 of
     72 latency items, twin* 125 of 128, median |error| under 5 %. The three failures are the prefix mix's TTFT p90,
     early, on runs that sat on the fit: the lean the committed sessions show there."""
-    _pinned_session(FRESH_FRONT_END5, 157, 69, recorded=125, idle_wake=True, front_end=True)
-    table = json.loads((FRESH_FRONT_END5 / "fidelity-held-out.json").read_text())
-    assert table["latency_items"]["median_abs_error"] < 0.05
-    failing = [(held_out_key(r["run"]), k, r, r["items"][k]) for r in table["runs"] for k in LATENCY
-               if r["items"][k]["pass"] is False]
-    assert [(run, k) for run, k, _, _ in failing] == [(f"{rep}/heldout-server-prefix-mix", "ttft_p90_s")
-                                                      for rep in ("held-out", "held-out-repeat2", "held-out-repeat4")]
-    assert all(-0.15 < it["rel_error"] < -0.10 and abs(r["step_level"]["decode"]["median_ratio"] - 1) < 0.03
-               for _, _, r, it in failing)
+    _, report = _pinned_session(FRESH_FRONT_END5, 157, 69, recorded=125, idle_wake=True, front_end=True)
+    assert report["latency_items"]["median_abs_error"] < 0.05
+    failing = failing_latency(FRESH_FRONT_END5)
+    assert sorted(failing) == [(rep, "heldout-server-prefix-mix", "ttft_p90_s")
+                               for rep in ("held-out", "held-out-repeat2", "held-out-repeat4")]
+    levels = {held_out_key(r["run"]): decode_level(r) for r in report["runs"]}
+    assert all(-0.15 < e < -0.10 and abs(levels[f"{rep}/{w}"] - 1) < 0.03 for (rep, w, _), (e, _) in failing.items())
