@@ -423,3 +423,43 @@ def test_the_one_command_with_the_front_ends_terms_a_fifth_time() -> None:
                                for rep in ("held-out", "held-out-repeat2", "held-out-repeat4")]
     levels = {held_out_key(r["run"]): decode_level(r) for r in report["runs"]}
     assert all(-0.15 < e < -0.10 and abs(levels[f"{rep}/{w}"] - 1) < 0.03 for (rep, w, _), (e, _) in failing.items())
+
+
+FRESH_FRONT_END6 = FIXTURES / "cpu-tiny-llama-freshclone-frontend6"  # the command with the terms, a clone of da6ee34
+
+
+def test_the_one_command_with_the_front_ends_terms_a_sixth_time() -> None:
+    """The sixth session of the one command with --stream-ends --intake (SOURCES.md there): 157 of 160 items, 69 of
+    72 latency items, twin* 126 of 128, median |error| under 5 % on a steady host. Two failures are the bursty run's
+    ITL p90, the twin slow by ~11 % where twin* is within 1 % and the run's decode steps sat on the fit (the drawn
+    noise's tail); the third the prefix mix's TTFT p90, early."""
+    _, report = _pinned_session(FRESH_FRONT_END6, 157, 69, recorded=126, idle_wake=True, front_end=True)
+    assert report["latency_items"]["median_abs_error"] < 0.05
+    failing = failing_latency(FRESH_FRONT_END6)
+    tail = [("held-out", "heldout-server-bursty", "itl_p90_s"), ("held-out-repeat4", "heldout-server-bursty",
+                                                                   "itl_p90_s")]
+    assert sorted(failing) == sorted([*tail, ("held-out-repeat2", "heldout-server-prefix-mix", "ttft_p90_s")])
+    levels = {held_out_key(r["run"]): decode_level(r) for r in report["runs"]}
+    for rep, w, item in tail:
+        twin, star = failing[(rep, w, item)]
+        assert 0.10 < twin < 0.13 and abs(star) < 0.01 and abs(levels[f"{rep}/{w}"] - 1) < 0.02
+    assert -0.13 < failing[("held-out-repeat2", "heldout-server-prefix-mix", "ttft_p90_s")][0] < -0.10
+
+
+FRESH_FRONT_END7 = FIXTURES / "cpu-tiny-llama-freshclone-frontend7"  # the command with the terms, a clone of da4a9e9
+
+
+def test_the_one_command_with_the_front_ends_terms_a_seventh_time() -> None:
+    """The seventh session of the one command with --stream-ends --intake (SOURCES.md there): 156 of 160 items, 69 of
+    72 latency items, twin* 126 of 128, median |error| under 5 %. The three latency failures are server TTFT p50 late
+    (the bursty run's with twin* late too) and the offline ITL p90 on a run faster than the fit."""
+    _, report = _pinned_session(FRESH_FRONT_END7, 156, 69, recorded=126, idle_wake=True, front_end=True)
+    assert report["latency_items"]["median_abs_error"] < 0.05
+    failing = failing_latency(FRESH_FRONT_END7)
+    assert sorted(failing) == [("held-out", "heldout-server-prefix-mix", "ttft_p50_s"),
+                               ("held-out-repeat2", "heldout-offline-kv-prefix", "itl_p90_s"),
+                               ("held-out-repeat3", "heldout-server-bursty", "ttft_p50_s")]
+    assert all(0.10 < e < 0.20 for e, _ in failing.values())
+    assert failing[("held-out-repeat3", "heldout-server-bursty", "ttft_p50_s")][1] > 0.15  # twin* late as well
+    levels = {held_out_key(r["run"]): decode_level(r) for r in report["runs"]}
+    assert 0.90 < levels["held-out-repeat2/heldout-offline-kv-prefix"] < 0.95
