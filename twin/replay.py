@@ -225,12 +225,16 @@ class IntakeExtra:
     tokenizing and handing it to the engine core on the core the engine shares; docs/calibration-sessions.md, "The front
     end's time per request taken in"). ``sends_s`` are the recorded client send times, on the replay's clock. The
     replica asks ``stretch_step`` with each step's start and duration; a step that grows can take in more sends, so
-    the count is iterated to its fixed point. It needs each step's start, so replays that use it run without decode
-    runs. Replays only: the fleet simulation never builds it."""
+    the count is iterated to its fixed point. ``engine_per_request_s`` (profile replays: a profile's
+    ``server.per_request_in_step_s``, fitted with ``twin calibrate --intake-step``) is the engine's own step time per
+    such send, the intake slowing the engine on the cores it shares; it lengthens the step the same way but stays out
+    of ``added_s`` (it is step time, not front end). It needs each step's start, so replays that use it run without
+    decode runs. Replays only: the fleet simulation never builds it."""
 
-    def __init__(self, base: Any, *, per_request_in_s: float, sends_s: Any) -> None:
+    def __init__(self, base: Any, *, per_request_in_s: float, sends_s: Any, engine_per_request_s: float = 0.0) -> None:
         self.base = base
         self.per_request_in_s = float(per_request_in_s)
+        self.engine_per_request_s = float(engine_per_request_s)  # (profile replays: the engine's own part)
         self.sends_s = sorted(float(t) for t in sends_s)
         self.overhead_s = getattr(base, "overhead_s", 0.0)
         self.woke_after_idle = getattr(base, "woke_after_idle", None)  # (IdleWakeExtra's hook, passed through)
@@ -242,8 +246,9 @@ class IntakeExtra:
         return self._by_step(step) if self._by_step is not None else self.base.step_time_s(step.shape)
 
     def stretch_step(self, t0_s: float, duration_s: float) -> float:
-        """``duration_s`` plus ``per_request_in_s`` for each send in ``(t0_s, t0_s + the result]``."""
-        sends, x = self.sends_s, self.per_request_in_s
+        """``duration_s`` plus ``per_request_in_s + engine_per_request_s`` for each send in ``(t0_s, t0_s + the
+        result]``."""
+        sends, x = self.sends_s, self.per_request_in_s + self.engine_per_request_s
         lo = bisect_right(sends, t0_s)
         n = 0
         d = duration_s
@@ -253,7 +258,7 @@ class IntakeExtra:
                 break
             n = m
             d = duration_s + x * n
-        self.added_s += d - duration_s
+        self.added_s += self.per_request_in_s * n
         self.taken_in += n
         return d
 
@@ -470,7 +475,7 @@ def replay(rec: RecordedRun, *, profile: str | None, step_times: str = "profile"
     replay (``FirstStepExtra``), never to recorded step times; likewise a fitted decode ``batch_change_s``
     (``BatchChangeExtra``) and a server section's ``idle_wake_s`` (``IdleWakeExtra``). A server section's stream-end
     and intake terms, where fitted, are added to profile and recorded replays alike (``StreamEndsExtra``,
-    ``IntakeExtra``)."""
+    ``IntakeExtra``), its engine intake term ``per_request_in_step_s`` to profile replays only."""
     if step_times not in ("profile", "recorded"):
         raise ValueError("step_times must be 'profile' or 'recorded'")
     if step_times == "profile" and profile is None:
@@ -540,10 +545,11 @@ def replay(rec: RecordedRun, *, profile: str | None, step_times: str = "profile"
         assert model is not None
         model = StreamEndsExtra(model, per_first_s=server.per_first_chunk_s, per_last_s=server.per_last_chunk_s,
                                 max_model_len=rec.run.max_model_len)
-    if server is not None and server.per_request_in_s:
+    engine_in = server.per_request_in_step_s if server is not None and step_times == "profile" else 0.0
+    if server is not None and (server.per_request_in_s or engine_in):
         assert model is not None
         model = IntakeExtra(model, per_request_in_s=server.per_request_in_s,
-                            sends_s=[r.arrival_s for r in rec.requests])
+                            sends_s=[r.arrival_s for r in rec.requests], engine_per_request_s=engine_in)
     if step_times == "recorded" or isinstance(model, (StreamEndsExtra, IntakeExtra, SharedContextExtra)):
         # (these time a step at a time)
         sc = sc.model_copy(update={"replica": sc.replica.model_copy(update={"max_decode_run_steps": 1})})

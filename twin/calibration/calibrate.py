@@ -529,6 +529,11 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
         for off, w in zip(offsets, wakes, strict=True):
             woken[[off + k for k, _, _ in w]] = True
         firsts = woken if firsts is None else firsts | woken
+    busy_in: list[np.ndarray] | None = None
+    if options.intake_step:  # steps during which the client sent requests: out of the regimes (and the noise)
+        busy_in = [s.sent > 0 for s in steps]
+        taken = np.concatenate(busy_in)
+        firsts = taken if firsts is None else firsts | taken
     if options.server_scaled_offline:
         if offline is None:
             raise CalibrationError("server_scaled_offline needs the offline fit's coefficients")
@@ -576,6 +581,15 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
                      f"for at least {IDLE_AFTER_S * 1e3:.0f} ms, their steps left out of the regimes" + (
                          f" (quartiles {', '.join(f'{q * 1e3:.2f}' for q in np.quantile(excess, [0.25, 0.75]))} ms)."
                          if excess else "."))
+    per_in_step_s = 0.0
+    if busy_in is not None:  # their excess over the regimes just fitted, per request sent
+        per = np.concatenate([(s.elapsed_s[m] - predict_model_s(coefficients, s.shapes)[m]) / s.sent[m]
+                              for s, m in zip(steps, busy_in, strict=True)])
+        per_in_step_s = max(float(np.median(per)), 0.0) if per.size else 0.0
+        idle_note += (f" per_request_in_step_s: median excess over the regimes, per request sent, of the {per.size} "
+                      "steps during which the client sent requests, left out of the regimes"
+                      + (f" (quartiles {', '.join(f'{q * 1e3:.2f}' for q in np.quantile(per, [0.25, 0.75]))} ms)."
+                         if per.size else "."))
     shared_note = ""
     if options.server_shared_context:
         coefficients, shared_note = _with_shared_fraction(coefficients, shared_runs, source_label)
@@ -608,7 +622,7 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
                               generated_on=generated_on, notes=notes),
         step_time_noise=step_time_noise(coefficients, shapes, elapsed, exclude=firsts),
         idle_wake_s=idle_wake_s, per_first_chunk_s=per_first_s, per_last_chunk_s=per_last_s,
-        per_request_in_s=per_in_s,
+        per_request_in_s=per_in_s, per_request_in_step_s=per_in_step_s,
     )
     return ServerFit(front_end=front_end, used=[r.path for r in [*used, *(r for r, _, _ in shared_runs)]],
                      refused=refused, shared_context_runs=[r.path for r, _, _ in shared_runs])

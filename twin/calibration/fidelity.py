@@ -347,7 +347,8 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
             "arrival_s": sv.arrival_s, "per_step_s": sv.step_time.overhead_s, "per_chunk_s": sv.per_chunk_s,
             **({"per_first_chunk_s": sv.per_first_chunk_s, "per_last_chunk_s": sv.per_last_chunk_s}
                if sv.has_stream_ends else {}),
-            **({"per_request_in_s": sv.per_request_in_s} if sv.per_request_in_s else {})},
+            **({"per_request_in_s": sv.per_request_in_s} if sv.per_request_in_s else {}),
+            **({"per_request_in_step_s": sv.per_request_in_step_s} if sv.per_request_in_step_s else {})},
         "summary": {"items": len(verdicts), "passed": sum(1 for v in verdicts if v),
                     "failed": sum(1 for v in verdicts if not v),
                     "strict": {"tolerance_items": len(tol_items),
@@ -461,7 +462,9 @@ def format_table(report: dict[str, Any]) -> str:
                     f"{fe['per_last_chunk_s'] * 1e3:.3f} ms per stream closed" if "per_first_chunk_s" in fe else "")
                  + (f" + {fe['per_request_in_s'] * 1e3:.3f} ms per request sent while a step runs"
                     if "per_request_in_s" in fe else "")
-                 + ")"))
+                 + ")"
+                 + (f"; the engine's step {fe['per_request_in_step_s'] * 1e3:.3f} ms longer per request sent while "
+                    "it runs (profile replays)" if "per_request_in_step_s" in fe else "")))
     k = report.get("noise_draws", 1)
     if k > 1:
         lines.append(f"profile replays: {k} noise draws a run; twin = their median, twin sp. = their spread "

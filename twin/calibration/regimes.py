@@ -42,6 +42,9 @@ class FitOptions:
     per_first_chunk_s`` / ``per_last_chunk_s``), fitted with the per-step and per-chunk terms (``fit_front_end``).
     ``intake``: the server front end's time per request the client sent while a step ran (``ServerFrontEnd.
     per_request_in_s``), fitted the same way on the requests sent between the pair's tokens (``front_end_sent``).
+    ``intake_step``: the engine's own step time per request the client sent while the step ran (``ServerFrontEnd.
+    per_request_in_step_s``: the API server's intake slows the engine on the cores they share), the median excess of
+    those steps over the server regimes, which are fitted without them.
     ``decode_floor``: the decode regime's batch floor (``DecodeCoefficients.floor_requests``, chosen by
     ``fit_step_time``), in the offline fit and the server section's alike. ``server_offline_context``: the server
     section's decode ``per_context_token_s`` is the offline fit's times the server runs' speed against the offline
@@ -61,6 +64,7 @@ class FitOptions:
     server_offline_attention: bool = False
     stream_ends: bool = False
     intake: bool = False
+    intake_step: bool = False
     decode_floor: bool = False
     server_offline_context: bool = False
     server_shared_context: bool = False

@@ -33,6 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--idle-wake", action="store_true",
                    help="fit the server section's extra time of the first step after the engine sat idle, applied by "
                         "replays of server runs (off by default)")
+    p.add_argument("--intake-step", action="store_true",
+                   help="fit the engine's own step time per request sent while a step runs (the API server's intake "
+                        "on the cores the engine shares), applied by replays with the profile's step times (off by "
+                        "default; docs/calibration.md)")
     p.add_argument("--first-step", action="store_true",
                    help="fit the extra time of a run's first step, applied by replays (off by default)")
     p.add_argument("--decode-single-request", action="store_true",
@@ -123,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
                          decode_batch_change=args.decode_batch_change, run_levels=args.run_levels,
                          server_scaled_offline=args.server_scaled_offline, idle_wake=args.idle_wake,
                          server_offline_attention=args.server_offline_attention, stream_ends=args.stream_ends,
-                         intake=args.intake, decode_floor=args.decode_floor,
+                         intake=args.intake, intake_step=args.intake_step, decode_floor=args.decode_floor,
                          server_offline_context=args.server_offline_context,
                          server_shared_context=args.server_shared_context)
     if args.cross_validate:
@@ -149,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
                + (" --server-offline-attention" if options.server_offline_attention else "")
                + (" --stream-ends" if options.stream_ends else "")
                + (" --intake" if options.intake else "")
+               + (" --intake-step" if options.intake_step else "")
                + (" --decode-floor" if options.decode_floor else "")
                + (" --server-offline-context" if options.server_offline_context else "")
                + (" --server-shared-context" if options.server_shared_context else ""))
@@ -198,6 +203,9 @@ def run(args: argparse.Namespace) -> int:
     if options.intake:
         print(f"  server intake     +{sv.per_request_in_s * 1e3:.3f} ms per request sent while a step runs"
               " (replays only)")
+    if options.intake_step:
+        print(f"  server intake step +{sv.per_request_in_step_s * 1e3:.3f} ms of engine time per request sent while a "
+              "step runs (profile replays only)")
     if options.idle_wake:
         print(f"  server idle wake  +{sv.idle_wake_s * 1e3:.3f} ms on the first step after the engine sat idle"
               " (replays only)")

@@ -378,6 +378,12 @@ class ServerFrontEnd(_Frozen):
                                        "server taking it in: parse, tokenize, hand to the engine core), added to "
                                        "that step; 0 and left out of the file unless fitted (twin calibrate --intake)")
 
+    per_request_in_step_s: float = Field(
+        default=0.0, ge=0, description="engine step time per request the client sends while the step runs (the API "
+                                       "server's intake slowing the engine on the cores they share), added to that "
+                                       "step in profile replays (recorded steps hold it already); 0 and left out of "
+                                       "the file unless fitted (twin calibrate --intake-step)")
+
     @property
     def has_stream_ends(self) -> bool:
         return bool(self.per_first_chunk_s or self.per_last_chunk_s)
@@ -385,7 +391,7 @@ class ServerFrontEnd(_Frozen):
     @model_serializer(mode="wrap")
     def _leave_out_zero_terms(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         return _without_zero(handler(self), ("idle_wake_s", "per_first_chunk_s", "per_last_chunk_s",
-                                             "per_request_in_s"))
+                                             "per_request_in_s", "per_request_in_step_s"))
 
 
 class EngineProfileSpec(_Frozen):
