@@ -582,14 +582,15 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
                          f" (quartiles {', '.join(f'{q * 1e3:.2f}' for q in np.quantile(excess, [0.25, 0.75]))} ms)."
                          if excess else "."))
     per_in_step_s = 0.0
+    in_step_note = ""
     if busy_in is not None:  # their excess over the regimes just fitted, per request sent
         per = np.concatenate([(s.elapsed_s[m] - predict_model_s(coefficients, s.shapes)[m]) / s.sent[m]
                               for s, m in zip(steps, busy_in, strict=True)])
         per_in_step_s = max(float(np.median(per)), 0.0) if per.size else 0.0
-        idle_note += (f" per_request_in_step_s: median excess over the regimes, per request sent, of the {per.size} "
-                      "steps during which the client sent requests, left out of the regimes"
-                      + (f" (quartiles {', '.join(f'{q * 1e3:.2f}' for q in np.quantile(per, [0.25, 0.75]))} ms)."
-                         if per.size else "."))
+        in_step_note = (f" per_request_in_step_s: median excess over the regimes, per request sent, of the {per.size} "
+                        "steps during which the client sent requests, left out of the regimes"
+                        + (f" (quartiles {', '.join(f'{q * 1e3:.2f}' for q in np.quantile(per, [0.25, 0.75]))} ms)."
+                           if per.size else "."))
     shared_note = ""
     if options.server_shared_context:
         coefficients, shared_note = _with_shared_fraction(coefficients, shared_runs, source_label)
@@ -608,7 +609,8 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
         f"{np.max(gaps) * 1e3:.1f} ms; residual RMS {np.sqrt(np.mean(resid ** 2)) * 1e3:.3f} ms). "
         f"Arrival: {arrival_s * 1e3:.1f} ms is within "
         f"the bounds of {consistent} of {upper.size} requests (upper bound median {np.median(upper) * 1e3:.1f} ms). "
-        f"{regime_note}; fit_quality on every step with a positive duration." + first_note + idle_note + shared_note
+        f"{regime_note}; fit_quality on every step with a positive duration."
+        + first_note + idle_note + in_step_note + shared_note
     )
     if refused:
         notes += " Refused: " + " | ".join(refused)
