@@ -78,8 +78,8 @@ def test_the_command_prints_and_writes_the_table(tmp_path: Path, capsys: pytest.
     assert data["total"]["items"] == 12 and data["options"] == {
         "prefill_per_request": False, "first_step": False, "decode_single_request": False, "decode_context_sq": False,
         "decode_batch_change": False, "run_levels": False, "server_scaled_offline": False, "idle_wake": False,
-        "server_offline_attention": False, "stream_ends": False, "intake": False, "decode_floor": False,
-        "server_offline_context": False, "server_shared_context": False}
+        "server_offline_attention": False, "stream_ends": False, "intake": False, "intake_step": False,
+        "decode_floor": False, "server_offline_context": False, "server_shared_context": False}
     assert main(["calibrate", "--cross-validate", str(SMALL[0])]) == 2
     assert main(["calibrate", str(SMALL[0]), str(SMALL[1]), "--json", str(out)]) == 2  # --json needs --cross-validate
 
