@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from twin.calibration.calibrate import FitOptions, calibrate
-from twin.calibration.fidelity import LATENCY_ITEMS, fidelity
+from twin.calibration.fidelity import LATENCY_ITEMS, decode_level, fidelity
 from twin.engine_profiles import load_profile
 from twin.engine_profiles.derive import write_spec
 
@@ -115,6 +115,11 @@ def held_out_key(run: str) -> str:
     """``held-out*/RUN`` of a run path, wherever the table was written from (the one command writes it from
     runs/calibrate-cpu/<model>/, a later `twin fidelity` from the fixture)."""
     return "held-out" + run.split("/held-out", 1)[1]
+
+
+def decode_levels(report: dict) -> dict[str, float | None]:
+    """Each run of a fidelity report (``held_out_key``) -> its decode steps' median recorded / modelled time."""
+    return {held_out_key(r["run"]): decode_level(r) for r in report["runs"]}
 
 
 def check_table(report: dict, committed: dict) -> None:

@@ -10,11 +10,10 @@ from pathlib import Path
 import pytest
 
 from twin.calibration.calibrate import FitOptions, calibrate
-from twin.calibration.fidelity import decode_level
 from twin.engine_profiles import load_profile
 
-from calibkit import (LATENCY, ONE_COMMAND, REPEATS, check_refit, check_table, failing_latency, held_out_key,
-                      held_out_table, latency_passed, pinned_session, sweep_runs)
+from calibkit import (LATENCY, ONE_COMMAND, REPEATS, check_refit, check_table, decode_levels, failing_latency,
+                      held_out_key, held_out_table, latency_passed, pinned_session, sweep_runs)
 
 ROOT = Path(__file__).resolve().parent / "fixtures" / "calibration" / "cpu-small-llama-sweep"
 
@@ -200,7 +199,7 @@ def test_the_one_command_with_the_front_ends_terms_on_the_small_model_again() ->
     failing = failing_latency(FRESH_FRONT_END2)
     assert len(failing) == 6 and {w for _, w, _ in failing} == {"heldout-server-bursty"}
     assert sum(1 for _, _, k in failing if k == "ttft_p90_s") == 4
-    levels = {held_out_key(r["run"]): decode_level(r) for r in table["runs"]}
+    levels = decode_levels(table)
     assert all(e < -0.15 and abs(e_recorded) < 0.08 and 1.09 < levels[f"{rep}/{w}"] < 1.19
                for (rep, w, _), (e, e_recorded) in failing.items())
 
@@ -216,7 +215,7 @@ def test_the_one_command_with_the_front_ends_terms_on_the_small_model_a_third_ti
     failing = failing_latency(FRESH_FRONT_END3)
     assert list(failing) == [("held-out", "heldout-offline-kv-prefix", "itl_p90_s")]
     (e, e_recorded), = failing.values()
-    levels = {held_out_key(r["run"]): decode_level(r) for r in table["runs"]}
+    levels = decode_levels(table)
     assert 0.15 < e < 0.20 and abs(e_recorded) < 0.01 and 0.85 < levels["held-out/heldout-offline-kv-prefix"] < 0.89
 
 
@@ -234,6 +233,6 @@ def test_the_one_command_with_the_front_ends_terms_on_the_small_model_a_fourth_t
     assert sorted(rep for rep, _, k in failing if k == "ttft_p90_s") == ["held-out", "held-out-repeat2",
                                                                           "held-out-repeat3"]
     assert all(0.10 < e < 0.20 for e, _ in failing.values())
-    levels = {held_out_key(r["run"]): decode_level(r) for r in table["runs"]}
+    levels = decode_levels(table)
     assert all(levels[f"{rep}/{w}"] < 0.96 and abs(e_rec) < 0.03
                for (rep, w, k), (_, e_rec) in failing.items() if k != "ttft_p90_s")

@@ -19,8 +19,8 @@ from twin.engine_profiles import load_profile
 from twin.engine_profiles.profile import step_time_model_of
 from twin.engine_profiles.step import StepShape
 
-from calibkit import (LATENCY, ONE_COMMAND, REPEATS, failing_latency, held_out_key, held_out_runs, held_out_table,
-                      latency_passed, pinned_session, spec_latency_passed, sweep_runs)
+from calibkit import (LATENCY, ONE_COMMAND, REPEATS, decode_levels, failing_latency, held_out_key, held_out_runs,
+                      held_out_table, latency_passed, pinned_session, spec_latency_passed, sweep_runs)
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "calibration"
 
@@ -274,7 +274,7 @@ def test_the_one_command_with_the_idle_wake_a_fifth_time() -> None:
     assert set(failing) == {("held-out", "heldout-server-prefix-mix", "ttft_p50_s"),
                             ("held-out-repeat2", "heldout-server-prefix-mix", "ttft_p50_s"),
                             ("held-out-repeat3", "heldout-server-bursty", "ttft_p50_s")}
-    levels = {held_out_key(r["run"]): decode_level(r) for r in report["runs"]}
+    levels = decode_levels(report)
     for (rep, workload, _), (err, err_recorded) in failing.items():
         late = workload == "heldout-server-prefix-mix"
         assert (err > 0.14 and 0 < err_recorded < 0.10) if late else (err < -0.19 and -0.12 < err_recorded < 0)
@@ -313,7 +313,7 @@ def test_the_one_command_with_the_idle_wake_a_seventh_time() -> None:
                             ("held-out-repeat4", "heldout-server-bursty", "ttft_p50_s"),
                             ("held-out-repeat2", "heldout-server-prefix-mix", "ttft_p90_s")}
     assert all(e < -0.27 and e_rec < -0.15 for (_, w, _), (e, e_rec) in failing.items() if w == "heldout-server-bursty")
-    levels = {held_out_key(r["run"]): decode_level(r) for r in report["runs"]}
+    levels = decode_levels(report)
     assert all(0.99 < levels[f"{rep}/{w}"] < 1.06 for rep, w, _ in failing)
 
 
@@ -405,7 +405,7 @@ def test_the_one_command_with_the_front_ends_terms_a_fourth_time() -> None:
     assert {(rep, w) for rep, w, _ in failing} == {(rep, "heldout-server-bursty") for rep in REPEATS[:2]}
     assert len(failing) == 8
     assert all(e > 0.15 and abs(e_recorded) < 0.10 for e, e_recorded in failing.values())
-    levels = {held_out_key(r["run"]): decode_level(r) for r in report["runs"]}
+    levels = decode_levels(report)
     assert all(0.9 < levels[f"{rep}/{w}"] < 0.93 for rep, w, _ in failing)
 
 
@@ -421,7 +421,7 @@ def test_the_one_command_with_the_front_ends_terms_a_fifth_time() -> None:
     failing = failing_latency(FRESH_FRONT_END5)
     assert sorted(failing) == [(rep, "heldout-server-prefix-mix", "ttft_p90_s")
                                for rep in ("held-out", "held-out-repeat2", "held-out-repeat4")]
-    levels = {held_out_key(r["run"]): decode_level(r) for r in report["runs"]}
+    levels = decode_levels(report)
     assert all(-0.15 < e < -0.10 and abs(levels[f"{rep}/{w}"] - 1) < 0.03 for (rep, w, _), (e, _) in failing.items())
 
 
@@ -439,7 +439,7 @@ def test_the_one_command_with_the_front_ends_terms_a_sixth_time() -> None:
     tail = [("held-out", "heldout-server-bursty", "itl_p90_s"), ("held-out-repeat4", "heldout-server-bursty",
                                                                    "itl_p90_s")]
     assert sorted(failing) == sorted([*tail, ("held-out-repeat2", "heldout-server-prefix-mix", "ttft_p90_s")])
-    levels = {held_out_key(r["run"]): decode_level(r) for r in report["runs"]}
+    levels = decode_levels(report)
     for rep, w, item in tail:
         twin, star = failing[(rep, w, item)]
         assert 0.10 < twin < 0.13 and abs(star) < 0.01 and abs(levels[f"{rep}/{w}"] - 1) < 0.02
@@ -461,5 +461,5 @@ def test_the_one_command_with_the_front_ends_terms_a_seventh_time() -> None:
                                ("held-out-repeat3", "heldout-server-bursty", "ttft_p50_s")]
     assert all(0.10 < e < 0.20 for e, _ in failing.values())
     assert failing[("held-out-repeat3", "heldout-server-bursty", "ttft_p50_s")][1] > 0.15  # twin* late as well
-    levels = {held_out_key(r["run"]): decode_level(r) for r in report["runs"]}
+    levels = decode_levels(report)
     assert 0.90 < levels["held-out-repeat2/heldout-offline-kv-prefix"] < 0.95
