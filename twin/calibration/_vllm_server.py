@@ -174,7 +174,8 @@ def run_server(job: dict) -> None:
             if time.monotonic() > deadline:
                 raise TimeoutError("vllm serve did not become healthy in time")
             time.sleep(0.5)
-        pinning = common.pin_front_end(proc.pid) if job.get("pin_front_end", False) else {"pinned": False}
+        pinning = (common.pin_front_end(proc.pid, engine_core=job.get("engine_core", "front-end"))
+                   if job.get("pin_front_end", False) else {"pinned": False})
         warmup: dict = {"decode_requests": 0, "prefill_prompt_tokens": []}
         if job.get("warmup", True):
             status, text = http_get(base + "/metrics")

@@ -21,6 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from twin.calibration._vllm_common import ENGINE_CORE_PLACES
 from twin.calibration.workloads import WorkloadSpec, build_requests, describe
 from twin.paths import REPO_ROOT
 
@@ -91,6 +92,7 @@ def record_workload(
     warmup: bool = True,
     warmup_prefill: bool = True,
     pin_front_end: bool = True,
+    engine_core: str = "front-end",
 ) -> Path:
     """Run ``spec`` on a real vLLM and write ``out_dir/{run.json, requests.jsonl, iterations.csv}``.
 
@@ -99,9 +101,12 @@ def record_workload(
     so the engine is warm as a fleet's is (``_vllm_common.decode_warmup_requests``); ``warmup_prefill``: and long
     prompts after them, so its prefill path is warm too (``_vllm_common.prefill_warmup_requests``). Neither reaches
     the run's iteration log, counters or requests. ``pin_front_end`` (server
-    mode): keep the API server, engine core and client off the model's cores (``_vllm_common.pin_front_end``). Raises
+    mode): keep the API server, engine core and client off the model's cores (``_vllm_common.pin_front_end``);
+    ``engine_core="model"``: the engine core on the model's cores instead, the API server and client off them. Raises
     :class:`RecordError` if the engine run fails or times out; nothing is written to ``out_dir`` then.
     """
+    if engine_core not in ENGINE_CORE_PLACES:
+        raise ValueError(f"engine_core must be one of {', '.join(ENGINE_CORE_PLACES)}, not {engine_core!r}")
     if mode is not None and mode != spec.mode:
         spec = spec.model_copy(update={"mode": mode})
         spec = WorkloadSpec.model_validate(spec.model_dump())  # re-check offline => all_at_once
@@ -125,6 +130,7 @@ def record_workload(
             "warmup": warmup,
             "warmup_prefill": warmup_prefill,
             "pin_front_end": pin_front_end,
+            "engine_core": engine_core,
             "engine": spec.engine.model_dump(mode="json"),
             "workload": describe(spec) | {"model": spec.model},
             "requests": [

@@ -39,6 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-pin", action="store_true",
                         help="server mode: let the API server and the client run on the model's cores too (by default "
                              "they are kept off them; docs/calibration.md, \"Pinning the front end\")")
+    parser.add_argument("--engine-core", choices=["front-end", "model"], default="front-end",
+                        help="server mode, pinned: where vLLM's engine core process runs, with the API server and the "
+                             "client (front-end, the default) or on the model's cores (model), where the front end's "
+                             "load does not reach the engine's step times (docs/calibration.md, \"Pinning the front "
+                             "end\")")
     parser.add_argument("--keep-scratch", action="store_true", help="keep the scratch folder (engine log) for debugging")
 
 
@@ -89,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             record_workload(spec, out, vllm_venv=venv, mode=args.mode, timeout_s=args.timeout_s, keep_scratch=args.keep_scratch,
                             warmup=not args.no_warmup, warmup_prefill=not args.no_prefill_warmup,
-                            pin_front_end=not args.no_pin)
+                            pin_front_end=not args.no_pin, engine_core=args.engine_core)
         except (RecordError, ValueError, ValidationError) as exc:
             print(f"twin record: {spec.name} failed: {exc}", file=sys.stderr)
             failed += 1
