@@ -463,3 +463,19 @@ def test_the_one_command_with_the_front_ends_terms_a_seventh_time() -> None:
     assert failing[("held-out-repeat3", "heldout-server-bursty", "ttft_p50_s")][1] > 0.15  # twin* late as well
     levels = decode_levels(report)
     assert 0.90 < levels["held-out-repeat2/heldout-offline-kv-prefix"] < 0.95
+
+
+FRESH_FRONT_END8 = FIXTURES / "cpu-tiny-llama-freshclone-frontend8"  # the command with the terms, a clone of e108ae8
+
+
+def test_the_one_command_with_the_front_ends_terms_an_eighth_time() -> None:
+    """The eighth session of the one command with --stream-ends --intake (SOURCES.md there): 159 of 160 items, 71 of
+    72 latency items (the issue's bar), twin* 128 of 128, median |error| under 5 %. The one failure is the bursty run's
+    E2E p50 on a repeat a little faster than the fit, the twin slow where twin* is within 1 %."""
+    _, report = _pinned_session(FRESH_FRONT_END8, 159, 71, recorded=128, idle_wake=True, front_end=True)
+    assert report["latency_items"]["median_abs_error"] < 0.05
+    failing = failing_latency(FRESH_FRONT_END8)
+    assert list(failing) == [("held-out-repeat2", "heldout-server-bursty", "e2e_p50_s")]
+    twin, star = failing[("held-out-repeat2", "heldout-server-bursty", "e2e_p50_s")]
+    assert 0.11 < twin < 0.13 and abs(star) < 0.01
+    assert 0.93 < decode_levels(report)["held-out-repeat2/heldout-server-bursty"] < 0.97
