@@ -26,8 +26,8 @@
 #
 # On a 2-core machine one recording takes about a minute (engine start-up included); the default run
 # records 11 + 3 workloads. Re-running skips workloads whose folder already has a run.json. `--engine-core model`
-# records the server runs with vLLM's engine core on the model's core (`twin record --engine-core`; docs/calibration.md,
-# "Pinning the front end").
+# records the server runs with vLLM's engine core on the model's core (`twin record --engine-core`; tried and not
+# adopted: docs/calibration-sessions.md, "The engine core's core").
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -38,12 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(server recordings before 2026-12-02 were made so; offline ones had no warm-up)")
     parser.add_argument("--no-pin", action="store_true",
                         help="server mode: let the API server and the client run on the model's cores too (by default "
-                             "they are kept off them; docs/calibration.md, \"Pinning the front end\")")
+                             "they are kept off them; docs/calibration-sessions.md, \"Pinning the front end\")")
     parser.add_argument("--engine-core", choices=["front-end", "model"], default="front-end",
                         help="server mode, pinned: where vLLM's engine core process runs, with the API server and the "
                              "client (front-end, the default) or on the model's cores (model), where the front end's "
-                             "load does not reach the engine's step times (docs/calibration.md, \"Pinning the front "
-                             "end\")")
+                             "load does not reach the engine's step times but the engine runs slower (tried and not "
+                             "adopted: docs/calibration-sessions.md, \"The engine core's core\")")
     parser.add_argument("--keep-scratch", action="store_true", help="keep the scratch folder (engine log) for debugging")
 
 
