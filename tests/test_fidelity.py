@@ -114,9 +114,9 @@ def test_the_repeats_mean_passes_the_run_to_run_spread_but_not_always_the_strict
 
 
 def test_what_the_recorder_measured_does_not_split_repeats(tmp_path: Path) -> None:
-    """Repeats differ in the machine's speed probe and their warm-up's step times, and may differ in the pinning's
-    thread counts; they are still repeats of one workload (before this, the probe split every repeat into its own
-    group: tolerances of 10 %)."""
+    """Repeats differ in the machine's speed probe, their warm-up's step times and the machine's other load, and may
+    differ in the pinning's thread counts; they are still repeats of one workload (before this, the probe split every
+    repeat into its own group: tolerances of 10 %)."""
     copies = []
     for i, probe_ms in enumerate((4.3, 6.3)):
         d = _copy(RUN, tmp_path / f"r{i}")
@@ -125,6 +125,8 @@ def test_what_the_recorder_measured_does_not_split_repeats(tmp_path: Path) -> No
         run["workload"]["front_end_pinning"] = {"pinned": True, "threads": 60 + i}
         run["workload"]["warmup_steps"] = {"ctx_requests": [1, 0], "ctx_tokens": [127, 0], "gen_requests": [0, 126],
                                            "gen_tokens": [0, 126], "elapsed_ms": [9.0, 5.0 + i]}
+        run["workload"]["host_load"] = {"wall_s": 5.9, "busy_share": {"0": 1.0, "1": 0.8 + 0.2 * i},
+                                        "own_cores": 1.78, "other_cores": 0.01 + 0.8 * i}
         (d / "run.json").write_text(json.dumps(run))
         copies.append(load_recorded_run(d))
     assert workload_key(copies[0]) == workload_key(copies[1]) == workload_key(load_recorded_run(RUN))

@@ -228,6 +228,58 @@ def engine_cpus(pgid: int) -> list[int]:
     return sorted(_bound_cpus(pgid)[3])
 
 
+def _cpu_busy_s() -> dict[int, float]:
+    """Each CPU's busy seconds since boot (``/proc/stat``: every column but idle and iowait); empty off Linux."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                name, *cols = line.split()
+                if name.startswith("cpu") and name[3:].isdigit():
+                    v = [int(c) for c in cols[:8]]  # user nice system idle iowait irq softirq steal
+                    out[int(name[3:])] = (sum(v) - v[3] - v[4]) / tick
+    except OSError:
+        return {}
+    return out
+
+
+def _process_cpu_s(pids: list[int]) -> float:
+    """User and system CPU seconds of ``pids`` (all their threads), from ``/proc/<pid>/stat``; gone pids count 0."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                cols = f.read().rsplit(")", 1)[1].split()
+            total += int(cols[11]) + int(cols[12])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / tick
+
+
+def load_snapshot(pgid: int) -> dict:
+    """What ``load_during`` compares: the CPUs' busy seconds and the CPU seconds of the engine's process group and of
+    this process (the client)."""
+    return {"t": time.monotonic(), "busy": _cpu_busy_s(), "own": _process_cpu_s(_group_pids(pgid) + [os.getpid()])}
+
+
+def load_during(before: dict, after: dict) -> dict:
+    """The machine's load over a run, from two ``load_snapshot``s: each CPU's busy share of the wall time
+    (``busy_share``), the share of one core the engine's processes and the client used (``own_cores``), and what the
+    rest of the machine used (``other_cores``: every CPU's busy time less the recording's own, in cores; the kernel's
+    work on the recording's behalf lands there too, a few hundredths here). A process busy beside a server
+    recording slows its steps ~2x (docs/calibration-sessions.md, "The engine core's core"); this says whether one
+    was."""
+    wall = after["t"] - before["t"]
+    if wall <= 0 or not before["busy"] or set(before["busy"]) != set(after["busy"]):
+        return {"wall_s": _r6(max(wall, 0.0)), "error": "no per-CPU times (/proc/stat)"}
+    busy = {c: after["busy"][c] - before["busy"][c] for c in sorted(before["busy"])}
+    own = after["own"] - before["own"]
+    return {"wall_s": _r6(wall), "busy_share": {str(c): round(b / wall, 3) for c, b in busy.items()},
+            "own_cores": round(own / wall, 3), "other_cores": round(max(sum(busy.values()) - own, 0.0) / wall, 3)}
+
+
 PROBE_TRIALS = 21
 PROBE_LAYERS = 24
 

@@ -191,7 +191,9 @@ def run_server(job: dict) -> None:
         before, cache_info = common.parse_prometheus(text)
         log.flush()
         offset = log_path.stat().st_size
+        load_before = common.load_snapshot(proc.pid)
         requests, _ = asyncio.run(_send_all(base, model, job["requests"], job["timeout_s"]))
+        host_load = common.load_during(load_before, common.load_snapshot(proc.pid))
         # Iteration lines are logged by the API process right after each step's outputs; give the
         # last ones a moment to reach the log.
         time.sleep(1.0)
@@ -231,6 +233,7 @@ def run_server(job: dict) -> None:
     workload["num_gpu_blocks_source"] = source
     workload.update(common.warmup_fields(warmup))
     workload["front_end_pinning"] = pinning
+    workload["host_load"] = host_load
     if warmup_rows:
         workload["warmup_steps"] = {k: [r[k] for r in warmup_rows]
                                     for k in ("ctx_requests", "ctx_tokens", "gen_requests", "gen_tokens", "elapsed_ms")}

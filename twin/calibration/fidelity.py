@@ -115,7 +115,7 @@ def _values(rec: RecordedRun, result: Any, comparison: dict[str, Any], *, overhe
 
 
 # What the recorder measured about the machine during a run (not the workload): repeats differ in them.
-MEASURED_WORKLOAD_FIELDS = ("speed_probe", "front_end_pinning", "warmup_steps")
+MEASURED_WORKLOAD_FIELDS = ("speed_probe", "front_end_pinning", "warmup_steps", "host_load")
 
 
 def workload_key(rec: RecordedRun) -> str:

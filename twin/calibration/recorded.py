@@ -171,7 +171,16 @@ class RecordedRun:
             f"{self.path.name}: {self.run.mode}, {len(self.requests)} requests, {steps}, "
             f"num_gpu_blocks {self.run.num_gpu_blocks}, preemptions {self.metric('num_preemptions')}, "
             f"prefix hits {self.metric('prefix_cache_hits')}/{self.metric('prefix_cache_queries')} tokens"
+            + ("" if self.other_load_cores is None else f", other processes {self.other_load_cores:.2f} cores")
         )
+
+    @property
+    def other_load_cores(self) -> float | None:
+        """The rest of the machine's load during the run, in cores (``workload.host_load.other_cores``, which the
+        server recorder measures since 2026-12-07); None where not recorded."""
+        load = (self.run.workload or {}).get("host_load") or {}
+        value = load.get("other_cores")
+        return float(value) if isinstance(value, (int, float)) else None
 
 
 def _fail(path: Path, msg: str) -> RecordedRunError:

@@ -47,6 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-scratch", action="store_true", help="keep the scratch folder (engine log) for debugging")
 
 
+# The other processes' load during a run (``workload.host_load.other_cores``) from which `twin record` warns.
+OTHER_LOAD_WARN_CORES = 0.2
+
+
 def _load_spec(path: Path):
     from twin.calibration.workloads import WorkloadSpec
 
@@ -103,4 +107,8 @@ def run(args: argparse.Namespace) -> int:
 
         rec = load_recorded_run(out)
         print(f"  {rec.summary()}", flush=True)
+        if (rec.other_load_cores or 0.0) >= OTHER_LOAD_WARN_CORES:
+            print(f"twin record: warning: {spec.name}: other processes used {rec.other_load_cores:.2f} cores during "
+                  "the run; a server's step times move with that load (docs/calibration-sessions.md, \"The engine "
+                  "core's core\")", file=sys.stderr)
     return 1 if failed else 0
