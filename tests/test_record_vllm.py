@@ -48,6 +48,9 @@ def _check(out: Path, spec: WorkloadSpec) -> None:
         assert "error" not in probe[when], probe[when]
         assert 0 < probe[when]["min_s"] <= probe[when]["median_s"] < 1.0
         assert probe[when]["trials"] == 21 and probe[when]["cpus"]
+    # and the machine's load during the run: the recording's own processes busy, the rest measured (both modes)
+    load = rec.run.workload["host_load"]
+    assert load["wall_s"] > 0 and load["own_cores"] > 0.3 and rec.other_load_cores == load["other_cores"] >= 0.0
 
 
 def test_record_offline(vllm_venv: Path, tmp_path: Path) -> None:
@@ -105,9 +108,6 @@ def test_record_server(vllm_venv: Path, tmp_path: Path) -> None:
     if pin["pinned"]:
         assert pin["front_end_cpus"] and not set(pin["front_end_cpus"]) & set(pin["engine_cpus"])
         assert rec.run.workload["speed_probe"]["before"]["cpus"] == pin["engine_cpus"]
-    # the machine's load during the run: the recording's own processes busy, the rest of the machine's load measured
-    load = rec.run.workload["host_load"]
-    assert load["wall_s"] > 0 and load["own_cores"] > 0.3 and rec.other_load_cores == load["other_cores"] >= 0.0
     # The warm-up ran (one-token requests decoding at every batch size up to the smaller of max_num_seqs
     # and block size - 1, then the long prompts of prefill_warmup_requests: one of max_model_len - 2 tokens, then
     # two at once, one behind its cached half) and left no trace in the run: its requests are not listed, the step

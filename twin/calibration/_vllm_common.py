@@ -260,8 +260,9 @@ def _process_cpu_s(pids: list[int]) -> float:
 
 def load_snapshot(pgid: int) -> dict:
     """What ``load_during`` compares: the CPUs' busy seconds and the CPU seconds of the engine's process group and of
-    this process (the client)."""
-    return {"t": time.monotonic(), "busy": _cpu_busy_s(), "own": _process_cpu_s(_group_pids(pgid) + [os.getpid()])}
+    this process (the client; offline, the group's leader)."""
+    own = _process_cpu_s(sorted({*_group_pids(pgid), os.getpid()}))
+    return {"t": time.monotonic(), "busy": _cpu_busy_s(), "own": own}
 
 
 def load_during(before: dict, after: dict) -> dict:

@@ -128,6 +128,7 @@ def run_offline(job: dict) -> None:
     state = {}
     # Pause the engine core's scheduler ("keep": queue adds, take no step), add every request, then
     # resume: the adds and the resume travel in order on one socket, so the first step sees them all.
+    load_before = common.load_snapshot(os.getpgid(0))  # this script's group: it and the engine's processes
     engine_core.engine_core.call_utility("pause_scheduler", "keep", False)
     for r in reqs:
         add(r)
@@ -146,6 +147,7 @@ def run_offline(job: dict) -> None:
             st["times"].extend([now] * n_new)
             if out.num_cached_tokens is not None:
                 st["cached"] = int(out.num_cached_tokens)
+    host_load = common.load_during(load_before, common.load_snapshot(os.getpgid(0)))
     logging.getLogger("vllm").removeHandler(handler)
     after = counters()
     probe_after = common.probe_or_error(cpus) if probe_before is not None else None
@@ -179,7 +181,7 @@ def run_offline(job: dict) -> None:
             "enable_prefix_caching": bool(cache.enable_prefix_caching),
             "engine_args": common.engine_cli_args(engine),
             "metrics_delta": common.delta(after, before),
-            "workload": job["workload"] | common.warmup_fields(warmup)
+            "workload": job["workload"] | common.warmup_fields(warmup) | {"host_load": host_load}
             | ({} if probe_before is None else {"speed_probe": {"before": probe_before, "after": probe_after}}),
         }
     )
