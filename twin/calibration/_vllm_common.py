@@ -363,7 +363,7 @@ def pin_front_end(pgid: int, *, engine_core: str = "front-end") -> dict:
     vLLM's CPU worker binds its threads to its cores (``VLLM_CPU_OMP_THREADS_BIND``, e.g. core 0 of 2) and
     reserves the rest "for the scheduler", but nothing binds the other processes: on a small machine the API
     server, the engine core and the client are scheduled onto the model's core too, so a step that runs while a
-    request arrives takes longer and a whole run's steps move with the machine's load (docs/calibration.md,
+    request arrives takes longer and a whole run's steps move with the machine's load (docs/calibration-sessions.md,
     "Pinning the front end"). Every thread of process group ``pgid`` (the engine's processes) that may run on
     every CPU, and every thread of this process (the client), is bound to the CPUs that no bound thread uses;
     threads started later inherit it. With ``engine_core="model"`` the engine core's threads (``_engine_core_pids``)

@@ -177,7 +177,7 @@ class RecordedRun:
     @property
     def other_load_cores(self) -> float | None:
         """The rest of the machine's load during the run, in cores (``workload.host_load.other_cores``, which the
-        server recorder measures since 2026-12-07); None where not recorded."""
+        recorder measures since 2026-12-07); None where not recorded."""
         load = (self.run.workload or {}).get("host_load") or {}
         value = load.get("other_cores")
         return float(value) if isinstance(value, (int, float)) else None

@@ -19,6 +19,8 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
+from twin.calibration._vllm_common import ENGINE_CORE_PLACES
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     what = parser.add_mutually_exclusive_group(required=True)
@@ -39,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-pin", action="store_true",
                         help="server mode: let the API server and the client run on the model's cores too (by default "
                              "they are kept off them; docs/calibration-sessions.md, \"Pinning the front end\")")
-    parser.add_argument("--engine-core", choices=["front-end", "model"], default="front-end",
+    parser.add_argument("--engine-core", choices=ENGINE_CORE_PLACES, default="front-end",
                         help="server mode, pinned: where vLLM's engine core process runs, with the API server and the "
                              "client (front-end, the default) or on the model's cores (model), where the front end's "
                              "load does not reach the engine's step times but the engine runs slower (tried and not "
@@ -109,6 +111,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {rec.summary()}", flush=True)
         if (rec.other_load_cores or 0.0) >= OTHER_LOAD_WARN_CORES:
             print(f"twin record: warning: {spec.name}: other processes used {rec.other_load_cores:.2f} cores during "
-                  "the run; a server's step times move with that load (docs/calibration-sessions.md, \"The engine "
+                  "the run; recorded step times move with that load (docs/calibration-sessions.md, \"The engine "
                   "core's core\")", file=sys.stderr)
     return 1 if failed else 0
