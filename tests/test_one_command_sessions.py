@@ -528,7 +528,8 @@ def test_the_one_command_a_tenth_time_with_the_machines_other_load_kept() -> Non
     the machine's other load: none (at most 0.04 cores in any run). 149 of 160 items, 65 of 72 latency items, twin* 128
     of 128; six of the seven latency failures are the bursty run's, the twin slow where twin* is within 4 %."""
     runs, report = _pinned_session(FRESH_FRONT_END10, 149, 65, recorded=128, idle_wake=True, front_end=True)
-    held = [FRESH_FRONT_END10 / rep / w for rep in REPEATS for w in ("heldout-server-bursty", "heldout-offline-kv-prefix")]
+    held = [FRESH_FRONT_END10 / rep / w
+            for rep in REPEATS for w in ("heldout-server-bursty", "heldout-offline-kv-prefix")]
     assert all(0.0 <= load_recorded_run(r).other_load_cores < 0.05 for r in [*runs, *held])
     failing = failing_latency(FRESH_FRONT_END10)
     bursty = {k: v for k, v in failing.items() if k[1] == "heldout-server-bursty"}
