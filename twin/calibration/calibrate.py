@@ -475,6 +475,16 @@ class ServerFit:
     shared_context_runs: list[Path] = field(default_factory=list)  # (in ``used`` too)
 
 
+def _median_excess(excess: Sequence[float] | np.ndarray) -> tuple[float, str]:
+    """A fitted extra time: the median of the measured excesses (none below 0; 0 without any), and the note's end
+    giving their quartiles in ms."""
+    x = np.asarray(excess, dtype=np.float64)
+    if not x.size:
+        return 0.0, "."
+    q = ", ".join(f"{v * 1e3:.2f}" for v in np.quantile(x, [0.25, 0.75]))
+    return max(float(np.median(x)), 0.0), f" (quartiles {q} ms)."
+
+
 def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
                source_label: Callable[[Path], str], options: FitOptions = FitOptions(),
                offline: StepTimeCoefficients | None = None) -> ServerFit:
@@ -576,21 +586,17 @@ def fit_server(recs: Sequence[RecordedRun], *, command: str, generated_on: str,
     if wakes is not None:  # requests sent to an idle engine: their first token against the model just fitted
         excess = [e for w, s, f in zip(wakes, steps, fixed, strict=True)
                   for e in idle_wake_excess_s(w, predict_model_s(coefficients, s.shapes), f)]
-        idle_wake_s = max(float(np.median(excess)), 0.0) if excess else 0.0
+        idle_wake_s, quartiles = _median_excess(excess)
         idle_note = (f" idle_wake_s: median excess of the first token of {len(excess)} requests sent to an engine idle "
-                     f"for at least {IDLE_AFTER_S * 1e3:.0f} ms, their steps left out of the regimes" + (
-                         f" (quartiles {', '.join(f'{q * 1e3:.2f}' for q in np.quantile(excess, [0.25, 0.75]))} ms)."
-                         if excess else "."))
+                     f"for at least {IDLE_AFTER_S * 1e3:.0f} ms, their steps left out of the regimes{quartiles}")
     per_in_step_s = 0.0
     in_step_note = ""
     if busy_in is not None:  # their excess over the regimes just fitted, per request sent
         per = np.concatenate([(s.elapsed_s[m] - predict_model_s(coefficients, s.shapes)[m]) / s.sent[m]
                               for s, m in zip(steps, busy_in, strict=True)])
-        per_in_step_s = max(float(np.median(per)), 0.0) if per.size else 0.0
+        per_in_step_s, quartiles = _median_excess(per)
         in_step_note = (f" per_request_in_step_s: median excess over the regimes, per request sent, of the {per.size} "
-                        "steps during which the client sent requests, left out of the regimes"
-                        + (f" (quartiles {', '.join(f'{q * 1e3:.2f}' for q in np.quantile(per, [0.25, 0.75]))} ms)."
-                           if per.size else "."))
+                        f"steps during which the client sent requests, left out of the regimes{quartiles}")
     shared_note = ""
     if options.server_shared_context:
         coefficients, shared_note = _with_shared_fraction(coefficients, shared_runs, source_label)
