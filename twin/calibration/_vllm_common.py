@@ -244,18 +244,22 @@ def _cpu_busy_s() -> dict[int, float]:
     return out
 
 
+def _stat(pid: int) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command name (field 3, the state, first); empty if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
 def _process_cpu_s(pids: list[int]) -> float:
     """User and system CPU seconds of ``pids`` (all their threads), from ``/proc/<pid>/stat``; gone pids count 0."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
+    ticks = 0
     for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                cols = f.read().rsplit(")", 1)[1].split()
-            total += int(cols[11]) + int(cols[12])
-        except (OSError, IndexError, ValueError):
-            continue
-    return total / tick
+        cols = _stat(pid)
+        ticks += int(cols[11]) + int(cols[12]) if len(cols) > 12 else 0
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def load_snapshot(pgid: int) -> dict:
@@ -337,11 +341,8 @@ def probe_or_error(cpus: list[int]) -> dict:
 
 
 def _parent_pid(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
+    cols = _stat(pid)
+    return int(cols[1]) if len(cols) > 1 else None
 
 
 def _engine_core_pids(pids: list[int], threads: list[tuple[int, int, set[int]]], allowed: set[int]) -> list[int]:
