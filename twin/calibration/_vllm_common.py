@@ -142,17 +142,40 @@ def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]
     return out
 
 
-def hardware_string() -> str:
-    flags = ""
+def _cpuinfo() -> str:
     try:
         with open("/proc/cpuinfo") as fh:
-            info = fh.read()
-        model = re.search(r"model name\s*:\s*(.*)", info)
-        flags = " avx512" if " avx512f" in info else ""
-        name = model.group(1).strip() if model else "cpu"
+            return fh.read()
     except OSError:
-        name = "cpu"
-    return f"cpu {os.cpu_count()}-core {platform.machine()}{flags} ({name})"
+        return ""
+
+
+def cpu_flags(info: str | None = None) -> set[str]:
+    """The CPU's feature flags (the first ``flags`` line of ``/proc/cpuinfo``, or of ``info``); empty where there is
+    none (off Linux, or an Arm CPU, whose lines are ``Features``)."""
+    m = re.search(r"^flags\s*:(.*)$", _cpuinfo() if info is None else info, re.MULTILINE)
+    return set(m.group(1).split()) if m else set()
+
+
+BF16_DTYPES = ("bfloat16", "bf16", "auto")  # vLLM's --dtype values that run bf16 on its CPU backend
+
+
+def bf16_without_avx512(dtype: str, flags: set[str] | None = None) -> bool:
+    """Whether ``dtype`` runs bf16 on an x86 CPU that has AVX2 but no AVX-512. There torch has no vector path for
+    bf16 matrix products: on a 2-core AMD EPYC (Zen 3) VM a 16x256x1024 product took 7.3 ms in bf16 and 0.15 ms in
+    float32, and vLLM's decode steps of ``cpu-tiny-llama`` ran ~20x their time on the AVX-512 VMs
+    (docs/calibration.md, "Hosts without AVX-512")."""
+    flags = cpu_flags() if flags is None else flags
+    return dtype in BF16_DTYPES and "avx2" in flags and "avx512f" not in flags
+
+
+def hardware_string(info: str | None = None) -> str:
+    info = _cpuinfo() if info is None else info
+    flags = cpu_flags(info)
+    model = re.search(r"model name\s*:\s*(.*)", info)
+    name = model.group(1).strip() if model else "cpu"
+    isa = " avx512" if "avx512f" in flags else " avx2" if "avx2" in flags else ""
+    return f"cpu {os.cpu_count()}-core {platform.machine()}{isa} ({name})"
 
 
 def write_run(out_dir: Path, run: dict, requests: list[dict], iterations: list[dict]) -> None:
@@ -286,16 +309,18 @@ def load_during(before: dict, after: dict) -> dict:
 
 
 PROBE_TRIALS = 21
+PROBE_DTYPES = {"bf16": "bfloat16", "half": "float16", "fp16": "float16", "float": "float32", "fp32": "float32",
+                "auto": "bfloat16"}  # vLLM's --dtype spellings -> torch's (the CPU backend's auto is bf16)
 PROBE_LAYERS = 24
 
 
-def speed_probe(cpus: list[int]) -> dict:
+def speed_probe(cpus: list[int], dtype: str = "bfloat16") -> dict:
     """How fast this machine runs right now, on the model's cores: the median and the least seconds of
-    ``PROBE_TRIALS`` trials of a fixed bf16 workload shaped like a small decode step (``PROBE_LAYERS`` of two matrix
-    products, a gated activation and a norm on 16 rows of 256), on one thread bound to ``cpus``, with the engine
-    idle. On a shared VM the host's other tenants move the engine's speed by up to ~1.5x between recordings
-    minutes apart, without load or steal time to show it (docs/calibration-sessions.md, "Pinning the front end"); this
-    measures it beside each run. Needs torch (the vLLM environment); the calling thread's affinity and torch's
+    ``PROBE_TRIALS`` trials of a fixed workload in the engine's ``dtype`` shaped like a small decode step
+    (``PROBE_LAYERS`` of two matrix products, a gated activation and a norm on 16 rows of 256), on one thread bound
+    to ``cpus``, with the engine idle. On a shared VM the host's other tenants move the engine's speed by up to
+    ~1.5x between recordings minutes apart, without load or steal time to show it (docs/calibration-sessions.md,
+    "Pinning the front end"); this measures it beside each run. Needs torch (the vLLM environment); the calling thread's affinity and torch's
     thread count are restored afterwards."""
     import torch
 
@@ -306,9 +331,10 @@ def speed_probe(cpus: list[int]) -> dict:
             os.sched_setaffinity(0, set(cpus))
         torch.set_num_threads(1)
         g = torch.Generator().manual_seed(0)
-        x = torch.randn(16, 256, generator=g).to(torch.bfloat16)
-        w1 = torch.randn(256, 1024, generator=g).to(torch.bfloat16) * 0.05
-        w2 = torch.randn(512, 256, generator=g).to(torch.bfloat16) * 0.05
+        dt = getattr(torch, PROBE_DTYPES.get(dtype, dtype))
+        x = torch.randn(16, 256, generator=g).to(dt)
+        w1 = torch.randn(256, 1024, generator=g).to(dt) * 0.05
+        w2 = torch.randn(512, 256, generator=g).to(dt) * 0.05
 
         def trial() -> None:
             h = x
@@ -329,13 +355,13 @@ def speed_probe(cpus: list[int]) -> dict:
         os.sched_setaffinity(0, before)
     times.sort()
     return {"cpus": sorted(cpus), "median_s": _r6(times[len(times) // 2]), "min_s": _r6(times[0]),
-            "trials": len(times)}
+            "trials": len(times), "dtype": str(dt).removeprefix("torch.")}
 
 
-def probe_or_error(cpus: list[int]) -> dict:
+def probe_or_error(cpus: list[int], dtype: str = "bfloat16") -> dict:
     """``speed_probe``, or what went wrong: a probe never fails a recording."""
     try:
-        return speed_probe(cpus)
+        return speed_probe(cpus, dtype)
     except Exception as exc:  # noqa: BLE001 - recorded in run.json instead
         return {"error": f"{type(exc).__name__}: {exc}"}
 

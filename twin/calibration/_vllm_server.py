@@ -184,7 +184,7 @@ def run_server(job: dict) -> None:
             warmup = warm_up(base, model, engine, common.parse_prometheus(text)[1], job["timeout_s"],
                              prefill=job.get("warmup_prefill", True))
         cpus = pinning.get("engine_cpus") or common.engine_cpus(proc.pid)
-        probe_before = common.probe_or_error(cpus) if job.get("speed_probe", True) else None
+        probe_before = common.probe_or_error(cpus, engine["dtype"]) if job.get("speed_probe", True) else None
         status, text = http_get(base + "/metrics")
         if status != 200:
             raise RuntimeError("could not scrape /metrics before the run")
@@ -202,7 +202,7 @@ def run_server(job: dict) -> None:
             raise RuntimeError("could not scrape /metrics after the run")
         after, cache_info_after = common.parse_prometheus(text)
         cache_info = cache_info_after or cache_info
-        probe_after = common.probe_or_error(cpus) if probe_before is not None else None
+        probe_after = common.probe_or_error(cpus, engine["dtype"]) if probe_before is not None else None
     finally:
         stop_group(proc)
         log.close()

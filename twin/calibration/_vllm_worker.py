@@ -120,7 +120,7 @@ def run_offline(job: dict) -> None:
         warmup = common.warmup_summary(decode, waves, rehearsal)
 
     # as in server mode, the probe runs after the warm-up, with the engine idle just before the measured requests
-    probe_before = common.probe_or_error(cpus) if job.get("speed_probe", True) else None
+    probe_before = common.probe_or_error(cpus, engine["dtype"]) if job.get("speed_probe", True) else None
     before = counters()
     handler = _ListHandler()
     logging.getLogger("vllm").addHandler(handler)
@@ -150,7 +150,7 @@ def run_offline(job: dict) -> None:
     host_load = common.load_during(load_before, common.load_snapshot(os.getpgid(0)))
     logging.getLogger("vllm").removeHandler(handler)
     after = counters()
-    probe_after = common.probe_or_error(cpus) if probe_before is not None else None
+    probe_after = common.probe_or_error(cpus, engine["dtype"]) if probe_before is not None else None
 
     iterations = common.parse_iterations(handler.lines)
     requests = []

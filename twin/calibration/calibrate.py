@@ -79,7 +79,8 @@ from twin.engine_profiles.step import StepShape
 from twin.replay import COMPOSITION, RecordedStepTimes, replay_scenario, request_specs
 from twin.runner import RunResult, run_scenario
 
-DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
+DTYPES = {"bfloat16": "bf16", "bf16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8",
+          "float32": "fp32", "float": "fp32", "fp32": "fp32"}
 
 
 class CalibrationError(ValueError):
@@ -216,7 +217,7 @@ def model_shape(rec: RecordedRun) -> ModelShape:
 def _dtype(value: str, *, fallback: str, where: str) -> str:
     v = fallback if value == "auto" else value
     if v not in DTYPES:
-        raise CalibrationError(f"{where}: dtype {value!r} has no profile equivalent (bf16 or fp8)")
+        raise CalibrationError(f"{where}: dtype {value!r} has no profile equivalent (bf16, fp8 or fp32)")
     return DTYPES[v]
 
 

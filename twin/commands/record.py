@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from twin.calibration._vllm_common import ENGINE_CORE_PLACES
+from twin.calibration._vllm_common import ENGINE_CORE_PLACES, bf16_without_avx512
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,8 +46,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "client (front-end, the default) or on the model's cores (model), where the front end's "
                              "load does not reach the engine's step times but the engine runs slower (tried and not "
                              "adopted: docs/calibration-sessions.md, \"The engine core's core\")")
+    parser.add_argument("--dtype", choices=RECORD_DTYPES, default=None,
+                        help="the model's weights, activations and KV cache in this type instead of the spec's "
+                             "(bfloat16 in the built-in workloads); float32 on an x86 CPU without AVX-512, where "
+                             "torch runs bfloat16 without vector support (docs/calibration.md, \"Hosts without "
+                             "AVX-512\")")
     parser.add_argument("--keep-scratch", action="store_true", help="keep the scratch folder (engine log) for debugging")
 
+
+RECORD_DTYPES = ("bfloat16", "float32")  # --dtype: the types twin's profiles have an equivalent of on the CPU
 
 # The other processes' load during a run (``workload.host_load.other_cores``) from which `twin record` warns.
 OTHER_LOAD_WARN_CORES = 0.2
@@ -89,11 +96,20 @@ def run(args: argparse.Namespace) -> int:
 
             model_dir(args.model)  # fail early on an unknown model
             jobs = [(spec.model_copy(update={"model": args.model}), out) for spec, out in jobs]
+        if args.dtype is not None:
+            jobs = [(spec.model_copy(update={"engine": spec.engine.model_copy(update={"dtype": args.dtype})}), out)
+                    for spec, out in jobs]
     except (KeyError, ValueError, ValidationError, OSError) as exc:
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"twin record: error: {msg}", file=sys.stderr)
         return 2
     venv = args.vllm_venv or DEFAULT_VENV
+    slow = sorted({spec.engine.dtype for spec, _ in jobs if bf16_without_avx512(spec.engine.dtype)})
+    if slow:
+        print(f"twin record: warning: this x86 CPU has AVX2 but no AVX-512, and the engine runs {slow[0]}: torch "
+              "has no vector path for its matrix products here, and the engine's steps take ~20x their time on an "
+              "AVX-512 CPU; --dtype float32 records the model in float32 (docs/calibration.md, \"Hosts without "
+              "AVX-512\")", file=sys.stderr)
     failed = 0
     for spec, out in jobs:
         print(f"recording {spec.name} ({args.mode or spec.mode}, {spec.num_requests} requests) -> {out}", flush=True)

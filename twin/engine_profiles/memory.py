@@ -42,22 +42,24 @@ def param_counts(model: Any) -> tuple[int, int]:
 
 
 def weight_bytes(model: Any, *, weight_dtype_bytes: int) -> int:
-    """Whole-replica weight bytes. Linear layers in the weight dtype; embeddings, lm_head and norms in BF16
-    (how FP8 checkpoints are stored; for BF16 this is simply params * 2)."""
+    """Whole-replica weight bytes. Linear layers in the weight dtype; embeddings, lm_head and norms in BF16, or in
+    the weight dtype where it is wider (how FP8 checkpoints are stored; for BF16 this is simply params * 2, for FP32
+    params * 4)."""
     linear, other = param_counts(model)
-    return linear * weight_dtype_bytes + other * BF16_BYTES
+    return linear * weight_dtype_bytes + other * max(weight_dtype_bytes, BF16_BYTES)
 
 
 def weight_bytes_per_gpu(model: Any, *, weight_dtype_bytes: int, tp: int) -> int:
     """Largest per-rank share: linear layers and the vocab-parallel embedding/lm_head are split over TP ranks;
-    norms are replicated."""
+    norms are replicated (both in BF16 or the wider weight dtype, as ``weight_bytes``)."""
     linear, other = param_counts(model)
     norms = (2 * model.num_layers + 1) * model.hidden_size
     embeddings = other - norms
+    unquantized = max(weight_dtype_bytes, BF16_BYTES)
     return (
         math.ceil(linear / tp) * weight_dtype_bytes
-        + math.ceil(embeddings / tp) * BF16_BYTES
-        + norms * BF16_BYTES
+        + math.ceil(embeddings / tp) * unquantized
+        + norms * unquantized
     )
 
 

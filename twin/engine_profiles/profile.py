@@ -18,9 +18,9 @@ from twin.engine_profiles.step import StepShape
 from twin.engine_profiles.step_time import LinearStepTimeModel
 from twin.engine_settings import cpu_hardware
 
-Dtype = Literal["bf16", "fp8"]
+Dtype = Literal["bf16", "fp8", "fp32"]  # fp32: CPU profiles recorded so (twin record --dtype float32)
 
-DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp8": 1}
+DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp8": 1, "fp32": 4}
 
 
 class _Frozen(BaseModel):
