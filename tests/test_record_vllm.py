@@ -12,10 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from twin.calibration.calibrate import model_shape as calibrate_model_shape
 from twin.calibration.record import DEFAULT_VENV, record_workload
 from twin.calibration.recorded import load_recorded_run
+from twin.calibration.workload_sets import get_workload
 from twin.calibration.workloads import Arrivals, EngineSpec, LengthDist, SharedPrefix, WorkloadSpec, build_requests
 from twin.cli import main
+from twin.engine_profiles import load_profile
 from twin.paths import REPO_ROOT
 
 pytestmark = pytest.mark.vllm
@@ -88,6 +91,30 @@ def test_record_offline(vllm_venv: Path, tmp_path: Path) -> None:
     (run,) = json.loads(report.read_text())["runs"]
     for name in ("steps", "composition", "preemptions", "prefix_cache_hits"):
         assert run["items"][name]["pass"] is True, (name, run["items"][name])
+
+def test_record_offline_in_float32(vllm_venv: Path, tmp_path: Path) -> None:
+    """`twin record --dtype float32` (for x86 CPUs without AVX-512, docs/calibration.md "Hosts without AVX-512"): the
+    engine runs the model in float32, the same KV memory holds half the bf16 blocks, the speed probe runs in float32,
+    the twin builds every step as the engine did, and the fit is an fp32 profile."""
+    out = tmp_path / "offline"
+    assert main(["record", "--workload", "offline-mixed", "--dtype", "float32", "--vllm-venv", str(vllm_venv),
+                 "--out", str(out)]) == 0
+    rec = load_recorded_run(out)
+    spec = get_workload("offline-mixed")
+    assert rec.run.dtype == "float32" and rec.run.kv_cache_dtype == "auto"
+    shape = calibrate_model_shape(rec)
+    per_block = shape.num_layers * shape.num_kv_heads * rec.run.block_size * 2 * shape.head_dim * 4
+    assert rec.run.num_gpu_blocks == spec.engine.kv_cache_memory_bytes // per_block
+    assert all(rec.run.workload["speed_probe"][w]["dtype"] == "float32" for w in ("before", "after"))
+    report = tmp_path / "f.json"
+    assert main(["fidelity", "--profile", "cpu-tiny-llama", str(out), "--json", str(report)]) == 0
+    (run,) = json.loads(report.read_text())["runs"]
+    for name in ("steps", "composition", "preemptions", "prefix_cache_hits"):
+        assert run["items"][name]["pass"] is True, (name, run["items"][name])
+    profile = tmp_path / "fp32.yaml"
+    assert main(["calibrate", str(out), "--name", "t-fp32", "--out", str(profile)]) == 0
+    assert (load_profile(str(profile)).weight_dtype, load_profile(str(profile)).kv_dtype) == ("fp32", "fp32")
+
 
 
 def test_record_server(vllm_venv: Path, tmp_path: Path) -> None:
