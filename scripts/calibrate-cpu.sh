@@ -29,7 +29,7 @@
 # records the server runs with vLLM's engine core on the model's core (`twin record --engine-core`; tried and not
 # adopted: docs/calibration-sessions.md, "The engine core's core"). `--dtype float32` records the model in float32
 # (`twin record --dtype`) into runs/calibrate-cpu/<model>-float32/ and names the profile <model>-float32: for an x86
-# CPU without AVX-512, where bf16 runs ~20x slower (docs/calibration.md, "Hosts without AVX-512").
+# CPU without AVX-512, where bf16 decode steps ran up to ~7x float32's (docs/calibration.md, "Hosts without AVX-512").
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -538,7 +538,7 @@ def test_the_one_command_a_tenth_time_with_the_machines_other_load_kept() -> Non
     assert decode_levels(report)["held-out/heldout-server-bursty"] < 0.92
 
 
-AVX2 = FIXTURES / "cpu-tiny-llama-avx2"  # the command as it stands on an AMD EPYC VM without AVX-512, a clone of 01c4e49
+AVX2 = FIXTURES / "cpu-tiny-llama-avx2"  # the command as it stands on a VM without AVX-512, a clone of 01c4e49
 
 
 def test_the_one_command_on_a_cpu_without_avx512() -> None:

@@ -320,8 +320,8 @@ def speed_probe(cpus: list[int], dtype: str = "bfloat16") -> dict:
     (``PROBE_LAYERS`` of two matrix products, a gated activation and a norm on 16 rows of 256), on one thread bound
     to ``cpus``, with the engine idle. On a shared VM the host's other tenants move the engine's speed by up to
     ~1.5x between recordings minutes apart, without load or steal time to show it (docs/calibration-sessions.md,
-    "Pinning the front end"); this measures it beside each run. Needs torch (the vLLM environment); the calling thread's affinity and torch's
-    thread count are restored afterwards."""
+    "Pinning the front end"); this measures it beside each run. Needs torch (the vLLM environment); the calling
+    thread's affinity and torch's thread count are restored afterwards."""
     import torch
 
     before = os.sched_getaffinity(0)

@@ -21,6 +21,8 @@ from pydantic import ValidationError
 
 from twin.calibration._vllm_common import ENGINE_CORE_PLACES, bf16_without_avx512
 
+RECORD_DTYPES = ("bfloat16", "float32")  # --dtype: the types twin's profiles have an equivalent of on the CPU
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     what = parser.add_mutually_exclusive_group(required=True)
@@ -53,8 +55,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "AVX-512\")")
     parser.add_argument("--keep-scratch", action="store_true", help="keep the scratch folder (engine log) for debugging")
 
-
-RECORD_DTYPES = ("bfloat16", "float32")  # --dtype: the types twin's profiles have an equivalent of on the CPU
 
 # The other processes' load during a run (``workload.host_load.other_cores``) from which `twin record` warns.
 OTHER_LOAD_WARN_CORES = 0.2
