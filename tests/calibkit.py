@@ -111,6 +111,22 @@ def check_refit(committed, refit) -> None:  # noqa: ANN001 (two ProfileSpecs)
             assert getattr(getattr(committed.server.step_time, regime), k) == pytest.approx(v, rel=1e-9, abs=1e-15)
 
 
+def assert_same_fit(got, want) -> None:  # noqa: ANN001 (two fitted pydantic models: coefficients, a regime)
+    """Two fits equal in every field but the last bits: a committed file refitted on another CPU differs there (the
+    least squares run through that machine's BLAS; 1e-13 relative on an AVX2 VM against a file fitted with AVX-512)."""
+    def close(a, b, where: str) -> None:
+        if isinstance(a, dict):
+            assert a.keys() == b.keys(), where
+            for k in a:
+                close(a[k], b[k], f"{where}.{k}")
+        elif isinstance(a, float):
+            assert a == pytest.approx(b, rel=1e-9, abs=1e-15), where
+        else:
+            assert a == b, where
+
+    close(got.model_dump(), want.model_dump(), type(got).__name__)
+
+
 def held_out_key(run: str) -> str:
     """``held-out*/RUN`` of a run path, wherever the table was written from (the one command writes it from
     runs/calibrate-cpu/<model>/, a later `twin fidelity` from the fixture)."""
