@@ -94,10 +94,7 @@ def latency_passed(report: dict) -> int:
 def check_refit(committed, refit) -> None:  # noqa: ANN001 (two ProfileSpecs)
     """Every fitted coefficient of ``committed`` (offline and server regimes, front end, noise tables) equals the
     refit's."""
-    for regime in ("decode", "prefill"):
-        for k, v in getattr(refit.step_time, regime).model_dump().items():
-            assert getattr(getattr(committed.step_time, regime), k) == pytest.approx(v, rel=1e-9, abs=1e-15)
-    assert committed.step_time.overhead_s == pytest.approx(refit.step_time.overhead_s, rel=1e-9)
+    assert_same_fit(committed.step_time, refit.step_time)
     assert committed.server is not None and refit.server is not None
     assert committed.server.arrival_s == pytest.approx(refit.server.arrival_s, rel=1e-9)
     assert committed.server.per_chunk_s == pytest.approx(refit.server.per_chunk_s, rel=1e-9)
@@ -106,9 +103,7 @@ def check_refit(committed, refit) -> None:  # noqa: ANN001 (two ProfileSpecs)
         assert getattr(committed.server, term) == pytest.approx(getattr(refit.server, term), rel=1e-9, abs=1e-15)
     assert committed.step_time_noise == refit.step_time_noise
     assert committed.server.step_time_noise == refit.server.step_time_noise
-    for regime in ("decode", "prefill"):
-        for k, v in getattr(refit.server.step_time, regime).model_dump().items():
-            assert getattr(getattr(committed.server.step_time, regime), k) == pytest.approx(v, rel=1e-9, abs=1e-15)
+    assert_same_fit(committed.server.step_time, refit.server.step_time)
 
 
 def assert_same_fit(got, want) -> None:  # noqa: ANN001 (two fitted pydantic models: coefficients, a regime)

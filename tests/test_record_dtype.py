@@ -1,5 +1,5 @@
 """The model's type on the CPU (``twin record --dtype``): on an x86 CPU with AVX2 but no AVX-512 torch runs bf16
-matrix products without vector support, ~50x float32's time, and the recorder says so and can record float32
+matrix products without vector support, 41-48x float32's time, and the recorder says so and can record float32
 instead (docs/calibration.md, "Hosts without AVX-512"). No vLLM here: the recorder's checks on given /proc/cpuinfo
 text, the CLI with a stand-in recorder, and a float32 recording's profile."""
 

@@ -142,6 +142,10 @@ def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]
     return out
 
 
+TORCH_DTYPES = {"bf16": "bfloat16", "half": "float16", "fp16": "float16", "float": "float32", "fp32": "float32",
+                "auto": "bfloat16"}  # vLLM's --dtype spellings -> torch's (the CPU backend's auto is bf16)
+
+
 def _cpuinfo() -> str:
     try:
         with open("/proc/cpuinfo") as fh:
@@ -157,16 +161,13 @@ def cpu_flags(info: str | None = None) -> set[str]:
     return set(m.group(1).split()) if m else set()
 
 
-BF16_DTYPES = ("bfloat16", "bf16", "auto")  # vLLM's --dtype values that run bf16 on its CPU backend
-
-
 def bf16_without_avx512(dtype: str, flags: set[str] | None = None) -> bool:
     """Whether ``dtype`` runs bf16 on an x86 CPU that has AVX2 but no AVX-512. There torch has no vector path for
     bf16 matrix products: on a 2-core AMD EPYC (Zen 3) VM a 16x256 by 256x1024 product took 7.3 ms in bf16 and
     0.15 ms in float32, and ``cpu-tiny-llama``'s decode steps of 33-48 requests 149 ms in bf16 and 22 ms in float32
     (docs/calibration.md, "Hosts without AVX-512")."""
     flags = cpu_flags() if flags is None else flags
-    return dtype in BF16_DTYPES and "avx2" in flags and "avx512f" not in flags
+    return TORCH_DTYPES.get(dtype, dtype) == "bfloat16" and "avx2" in flags and "avx512f" not in flags
 
 
 def hardware_string(info: str | None = None) -> str:
@@ -309,8 +310,6 @@ def load_during(before: dict, after: dict) -> dict:
 
 
 PROBE_TRIALS = 21
-PROBE_DTYPES = {"bf16": "bfloat16", "half": "float16", "fp16": "float16", "float": "float32", "fp32": "float32",
-                "auto": "bfloat16"}  # vLLM's --dtype spellings -> torch's (the CPU backend's auto is bf16)
 PROBE_LAYERS = 24
 
 
@@ -331,7 +330,7 @@ def speed_probe(cpus: list[int], dtype: str = "bfloat16") -> dict:
             os.sched_setaffinity(0, set(cpus))
         torch.set_num_threads(1)
         g = torch.Generator().manual_seed(0)
-        dt = getattr(torch, PROBE_DTYPES.get(dtype, dtype))
+        dt = getattr(torch, TORCH_DTYPES.get(dtype, dtype))
         x = torch.randn(16, 256, generator=g).to(dt)
         w1 = torch.randn(256, 1024, generator=g).to(dt) * 0.05
         w2 = torch.randn(512, 256, generator=g).to(dt) * 0.05
