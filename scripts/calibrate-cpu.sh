@@ -28,8 +28,10 @@
 # records 11 + 3 workloads. Re-running skips workloads whose folder already has a run.json. `--engine-core model`
 # records the server runs with vLLM's engine core on the model's core (`twin record --engine-core`; tried and not
 # adopted: docs/calibration-sessions.md, "The engine core's core"). `--dtype float32` records the model in float32
-# (`twin record --dtype`) into runs/calibrate-cpu/<model>-float32/ and names the profile <model>-float32: for an x86
-# CPU without AVX-512, where bf16 decode steps ran up to ~7x float32's (docs/calibration.md, "Hosts without AVX-512").
+# (`twin record --dtype`) into runs/calibrate-cpu/<model>-float32/ and names the profile <model>-float32: on an x86
+# CPU without AVX-512, where bf16 decode steps ran up to ~7x float32's, it takes ~25 minutes against ~39, but its
+# tables held less there (60 and 65 of 72 latency items against 72 and 71; docs/calibration.md, "Hosts without
+# AVX-512").
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

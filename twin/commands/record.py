@@ -109,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"twin record: warning: this x86 CPU has AVX2 but no AVX-512, and the engine runs {slow[0]}: torch "
               "has no vector path for its matrix products here (on a 2-core AMD EPYC VM, cpu-tiny-llama's decode "
               "steps of 33-48 requests took 149 ms in bfloat16, 22 ms in float32); --dtype float32 records the model "
-              "in float32 (docs/calibration.md, \"Hosts without AVX-512\")", file=sys.stderr)
+              "in float32, faster, though the bfloat16 sessions' tables held closer there (docs/calibration.md, "
+              "\"Hosts without AVX-512\")", file=sys.stderr)
     failed = 0
     for spec, out in jobs:
         print(f"recording {spec.name} ({args.mode or spec.mode}, {spec.num_requests} requests) -> {out}", flush=True)
