@@ -558,20 +558,27 @@ def test_the_one_command_on_a_cpu_without_avx512() -> None:
 FLOAT32_AVX2 = FIXTURES / "cpu-tiny-llama-float32-avx2"  # `--dtype float32` on the same VM, a clone of cd9297f
 
 
-def test_the_one_command_in_float32_on_a_cpu_without_avx512() -> None:
-    """`scripts/calibrate-cpu.sh --heldout-repeats 4 --dtype float32` on the same AMD EPYC VM right after (SOURCES.md
-    there): every run in float32 with half the bf16 blocks, steps ~1.5-2x the AVX-512 VMs' bf16 ones, and a host whose
-    speed moved more than the fit's error: 142 of 160 items, 60 of 72 latency items, twin* 126 of 128. Ten of the
-    twelve latency failures are on runs 12-44 % off the fit (the bursty run's second repeat at 0.88, the offline
-    run's second at 1.44), where twin* is within 16 %."""
-    spec, runs, report, _ = pinned_session(FLOAT32_AVX2, "cpu-tiny-llama-float32", 142, 60, recorded=126,
+def _float32_avx2_session(root: Path, passed: int, latency: int, *, recorded: int) -> tuple[dict, dict]:
+    """A session of the one command with ``--dtype float32`` on an AVX2 VM (``calibkit.pinned_session`` with the
+    command's options): an fp32 profile, every run in float32 with half the bf16 blocks and the speed probe in float32.
+    Returns today's table and the committed table's failing latency items."""
+    spec, runs, report, _ = pinned_session(root, "cpu-tiny-llama-float32", passed, latency, recorded=recorded,
                                            idle_wake=True, front_end=True)
     assert (spec.weight_dtype, spec.kv_dtype) == ("fp32", "fp32")
     recs = [load_recorded_run(r) for r in runs]
     assert all(r.run.dtype == "float32" and r.run.hardware == "cpu 2-core x86_64 avx2 (AMD EPYC)" for r in recs)
     assert {r.run.num_gpu_blocks for r in recs if "--num-gpu-blocks-override" not in r.run.engine_args} == {512}
     assert all(r.run.workload["speed_probe"]["before"]["dtype"] == "float32" for r in recs)
-    failing = failing_latency(FLOAT32_AVX2)
+    return report, failing_latency(root)
+
+
+def test_the_one_command_in_float32_on_a_cpu_without_avx512() -> None:
+    """`scripts/calibrate-cpu.sh --heldout-repeats 4 --dtype float32` on the same AMD EPYC VM right after (SOURCES.md
+    there): every run in float32 with half the bf16 blocks, steps ~1.5-2x the AVX-512 VMs' bf16 ones, and a host whose
+    speed moved more than the fit's error: 142 of 160 items, 60 of 72 latency items, twin* 126 of 128. Ten of the
+    twelve latency failures are on runs 12-44 % off the fit (the bursty run's second repeat at 0.88, the offline
+    run's second at 1.44), where twin* is within 16 %."""
+    report, failing = _float32_avx2_session(FLOAT32_AVX2, 142, 60, recorded=126)
     assert len(failing) == 12
     levels = decode_levels(report)
     off = [k for k in failing if not 0.9 < levels[f"{k[0]}/{k[1]}"] < 1.1]  # 10 % or more off the fit
@@ -586,13 +593,7 @@ def test_the_one_command_in_float32_on_a_cpu_without_avx512_again() -> None:
     of 160 items, 65 of 72 latency items, twin* 127 of 128 (45 within 10 % outright). Six of the seven latency
     failures are the offline run's fourth repeat, whose decode steps ran at 0.92 of the fit: the twin slow by 12-19 %,
     twin* within 4 %."""
-    spec, runs, report, _ = pinned_session(FLOAT32_AVX2_2, "cpu-tiny-llama-float32", 150, 65, recorded=127,
-                                           idle_wake=True, front_end=True)
-    assert (spec.weight_dtype, spec.kv_dtype) == ("fp32", "fp32")
-    recs = [load_recorded_run(r) for r in runs]
-    assert all(r.run.dtype == "float32" and r.run.hardware == "cpu 2-core x86_64 avx2 (AMD EPYC)" for r in recs)
-    assert {r.run.num_gpu_blocks for r in recs if "--num-gpu-blocks-override" not in r.run.engine_args} == {512}
-    failing = failing_latency(FLOAT32_AVX2_2)
+    report, failing = _float32_avx2_session(FLOAT32_AVX2_2, 150, 65, recorded=127)
     offline = {k: v for k, v in failing.items() if k[:2] == ("held-out-repeat4", "heldout-offline-kv-prefix")}
     assert len(failing) == 7 and len(offline) == 6
     assert all(0.1 < e < 0.2 and abs(star) < 0.04 for e, star in offline.values())
