@@ -47,7 +47,6 @@ def pinned_session(root: Path, model: str, passed: int, latency: int, *, recorde
     refit = calibrate(runs, name=model, command="test", options=dataclasses.replace(
         ONE_COMMAND, idle_wake=idle_wake, stream_ends=front_end, intake=front_end))
     check_refit(committed, refit.spec)
-    assert committed.server.step_time.overhead_s == pytest.approx(refit.spec.server.step_time.overhead_s, rel=1e-9)
     table = json.loads((root / "fidelity-held-out.json").read_text())
     assert table["noise_draws"] == 9
     report = held_out_table(root, str(root / f"{model}.yaml"))
