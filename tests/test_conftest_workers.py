@@ -3,6 +3,7 @@ browser or timing tests stays in one process."""
 import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -26,5 +27,6 @@ def test_other_expressions_leave_the_count_to_xdist(expr):
 def test_a_run_that_selects_no_tests_still_fails():
     """pytest's "no tests ran" (exit 5) must not pass with the workers either."""
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "no_test_has_this_name",
-                           "tests/test_conftest_workers.py"], capture_output=True, text=True, timeout=120)
+                           "tests/test_conftest_workers.py"], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 5, done.stdout + done.stderr
