@@ -156,3 +156,36 @@ def test_record_server(vllm_venv: Path, tmp_path: Path) -> None:
     assert rec.metric("prefix_cache_queries") == sum(r.prompt_tokens for r in rec.requests)
     assert int(rec.iterations.ctx_tokens.sum()) == sum(r.prompt_tokens - (r.num_cached_tokens or 0) for r in rec.requests)
     assert int(rec.iterations.gen_tokens.sum()) == sum(r.output_tokens - 1 for r in rec.requests)
+
+
+@pytest.mark.parametrize("mode", ["offline", "server"])
+def test_repeats_through_one_engine_start(vllm_venv: Path, tmp_path: Path, mode: str) -> None:
+    """`twin record --repeats 2`: the workload served twice by one engine, the prefix cache emptied and the warm-up
+    served again in between, so the second pass's first request finds nothing cached (an uncleared cache would hold
+    its prompt from the first pass); offline, both passes' steps and hits are the same. float32, quick on any x86
+    CPU."""
+    spec = WorkloadSpec(
+        name=f"t-repeats-{mode}",
+        mode=mode,
+        num_requests=6,
+        prompt_tokens=LengthDist(min_tokens=100, max_tokens=200),
+        output_tokens=LengthDist(min_tokens=4, max_tokens=16),
+        shared_prefix=SharedPrefix(num_prefixes=1, prefix_tokens=256, share_fraction=1.0),
+        arrivals=Arrivals(kind="poisson", rate_per_s=8.0) if mode == "server" else Arrivals(),
+        engine=EngineSpec(max_num_seqs=8, max_model_len=512, dtype="float32"),
+    )
+    out = record_workload(spec, tmp_path / "p1", vllm_venv=vllm_venv, timeout_s=300, repeat_dirs=[tmp_path / "p2"])
+    recs = [load_recorded_run(out), load_recorded_run(tmp_path / "p2")]
+    for k, rec in enumerate(recs, start=1):
+        _check(tmp_path / f"p{k}", spec)
+        assert rec.run.workload["engine_start"] == {"pass": k, "passes": 2}
+        assert rec.metric("prefix_cache_hits") == sum(r.num_cached_tokens or 0 for r in rec.requests)
+        assert not rec.requests[0].num_cached_tokens and rec.metric("prefix_cache_hits") > 0
+        assert int(rec.iterations.gen_tokens.sum()) == sum(r.output_tokens - 1 for r in rec.requests)
+        assert rec.run.workload["warmup_requests"] > 0
+    if mode == "offline":
+        assert recs[0].metric("prefix_cache_hits") == recs[1].metric("prefix_cache_hits")
+        for column in ("ctx_requests", "ctx_tokens", "gen_requests", "gen_tokens"):
+            assert getattr(recs[0].iterations, column).tolist() == getattr(recs[1].iterations, column).tolist()
+    else:  # each pass's warm-up steps are its own, cut from the one server log
+        assert all(sum(rec.run.workload["warmup_steps"]["ctx_tokens"]) > 0 for rec in recs)

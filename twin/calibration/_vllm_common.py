@@ -528,3 +528,15 @@ def warmup_fields(warmup: dict) -> dict:
     """The workload fields a run records of its warm-up (``warmup_requests``: how many requests it served)."""
     served = warmup["decode_requests"] + sum(len(w) for w in warmup["prefill_prompt_tokens"])
     return {"warmup_requests": served + warmup.get("rehearsal_requests", 0), "warmup": warmup}
+
+
+def out_dirs(job: dict) -> list[str]:
+    """The run folders a job writes, one per pass of its workload through one engine start (``job["out_dirs"]``;
+    a job without it writes one run to ``job["out_dir"]``)."""
+    return list(job.get("out_dirs") or [job["out_dir"]])
+
+
+def engine_start_field(k: int, passes: int) -> dict:
+    """The workload field that marks pass ``k`` of ``passes`` through one engine start (none for a run that had its
+    engine to itself, so such runs' run.json is as before): ``twin record --repeats``."""
+    return {} if passes == 1 else {"engine_start": {"pass": k, "passes": passes}}

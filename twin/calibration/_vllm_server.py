@@ -36,6 +36,15 @@ def http_get(url: str, timeout: float = 10.0) -> tuple[int, str]:
         return 0, ""
 
 
+def http_post(url: str, timeout: float = 30.0) -> tuple[int, str]:
+    try:
+        req = urllib.request.Request(url, data=b"", method="POST")
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - loopback only
+            return resp.status, resp.read().decode()
+    except Exception:
+        return 0, ""
+
+
 def stop_group(proc: subprocess.Popen, grace_s: float = 20.0) -> None:
     """SIGTERM the server's process group, then SIGKILL whatever is left."""
     if proc.poll() is not None:
@@ -151,9 +160,9 @@ def warm_up(base: str, model: str, engine: dict, cache_info: dict[str, str], tim
 
 
 def run_server(job: dict) -> None:
-    import asyncio
-
     engine = job["engine"]
+    dirs = common.out_dirs(job)
+    passes: list[dict] = []
     scratch = Path(job["scratch_dir"])
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -164,7 +173,10 @@ def run_server(job: dict) -> None:
     log = open(log_path, "w")
     # Own process group (so it can be killed as a whole) but the caller's session: under setsid the API
     # process lands in another scheduling autogroup and starves on a busy machine (recipe).
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, process_group=0)
+    # More than one pass through this server: its development API, for /reset_prefix_cache between them.
+    env = dict(os.environ) | ({"VLLM_SERVER_DEV_MODE": "1"} if len(dirs) > 1 else {})
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, process_group=0,
+                            env=env)
     (scratch / "server.pgid").write_text(str(proc.pid))
     try:
         deadline = time.monotonic() + job.get("startup_timeout_s", 300)
@@ -176,40 +188,69 @@ def run_server(job: dict) -> None:
             time.sleep(0.5)
         pinning = (common.pin_front_end(proc.pid, engine_core=job.get("engine_core", "front-end"))
                    if job.get("pin_front_end", False) else {"pinned": False})
-        warmup: dict = {"decode_requests": 0, "prefill_prompt_tokens": []}
-        if job.get("warmup", True):
-            status, text = http_get(base + "/metrics")
-            if status != 200:
-                raise RuntimeError("could not scrape /metrics before the warm-up")
-            warmup = warm_up(base, model, engine, common.parse_prometheus(text)[1], job["timeout_s"],
-                             prefill=job.get("warmup_prefill", True))
         cpus = pinning.get("engine_cpus") or common.engine_cpus(proc.pid)
-        probe_before = common.probe_or_error(cpus, engine["dtype"]) if job.get("speed_probe", True) else None
-        status, text = http_get(base + "/metrics")
-        if status != 200:
-            raise RuntimeError("could not scrape /metrics before the run")
-        before, cache_info = common.parse_prometheus(text)
-        log.flush()
-        offset = log_path.stat().st_size
-        load_before = common.load_snapshot(proc.pid)
-        requests, _ = asyncio.run(_send_all(base, model, job["requests"], job["timeout_s"]))
-        host_load = common.load_during(load_before, common.load_snapshot(proc.pid))
-        # Iteration lines are logged by the API process right after each step's outputs; give the
-        # last ones a moment to reach the log.
-        time.sleep(1.0)
-        status, text = http_get(base + "/metrics")
-        if status != 200:
-            raise RuntimeError("could not scrape /metrics after the run")
-        after, cache_info_after = common.parse_prometheus(text)
-        cache_info = cache_info_after or cache_info
-        probe_after = common.probe_or_error(cpus, engine["dtype"]) if probe_before is not None else None
+        for k in range(1, len(dirs) + 1):
+            if k > 1:  # the next pass starts from an empty prefix cache, as the first did
+                status, text = http_post(base + "/reset_prefix_cache")
+                if status != 200 or not json.loads(text or "{}").get("success"):
+                    raise RuntimeError(f"pass {k}: the server did not reset its prefix cache ({status} {text[:200]})")
+            passes.append(_one_pass(job, base, model, log, log_path, proc.pid, cpus))
     finally:
         stop_group(proc)
         log.close()
     full_log = log_path.read_text(errors="replace")
-    run_lines = full_log.encode()[offset:].decode(errors="replace").splitlines()
+    for k, (out_dir, rec) in enumerate(zip(dirs, passes, strict=True), start=1):
+        start = passes[k - 2]["end"] if k > 1 else 0
+        end = rec["end"] if k < len(dirs) else None  # the last pass's lines run to the end of the log, as before
+        _write_pass(job, args, engine, full_log, rec, start, end, pinning, k, len(dirs), out_dir)
+
+
+def _one_pass(job: dict, base: str, model: str, log, log_path: Path, pid: int, cpus: list[int]) -> dict:
+    """One pass of the measured requests (after its warm-up and speed probe); returns what ``_write_pass`` needs, with
+    the log offsets where its warm-up's lines end (``offset``) and its own end (``end``)."""
+    import asyncio
+
+    engine = job["engine"]
+    warmup: dict = {"decode_requests": 0, "prefill_prompt_tokens": []}
+    if job.get("warmup", True):
+        status, text = http_get(base + "/metrics")
+        if status != 200:
+            raise RuntimeError("could not scrape /metrics before the warm-up")
+        warmup = warm_up(base, model, engine, common.parse_prometheus(text)[1], job["timeout_s"],
+                         prefill=job.get("warmup_prefill", True))
+    probe_before = common.probe_or_error(cpus, engine["dtype"]) if job.get("speed_probe", True) else None
+    status, text = http_get(base + "/metrics")
+    if status != 200:
+        raise RuntimeError("could not scrape /metrics before the run")
+    before, cache_info = common.parse_prometheus(text)
+    log.flush()
+    offset = log_path.stat().st_size
+    load_before = common.load_snapshot(pid)
+    requests, _ = asyncio.run(_send_all(base, model, job["requests"], job["timeout_s"]))
+    host_load = common.load_during(load_before, common.load_snapshot(pid))
+    # Iteration lines are logged by the API process right after each step's outputs; give the
+    # last ones a moment to reach the log.
+    time.sleep(1.0)
+    status, text = http_get(base + "/metrics")
+    if status != 200:
+        raise RuntimeError("could not scrape /metrics after the run")
+    after, cache_info_after = common.parse_prometheus(text)
+    probe_after = common.probe_or_error(cpus, engine["dtype"]) if probe_before is not None else None
+    log.flush()
+    return {"warmup": warmup, "probe": None if probe_before is None else {"before": probe_before, "after": probe_after},
+            "before": before, "after": after, "cache_info": cache_info_after or cache_info, "offset": offset,
+            "end": log_path.stat().st_size, "requests": requests, "host_load": host_load}
+
+
+def _write_pass(job: dict, args: list[str], engine: dict, full_log: str, rec: dict, start: int, end: int | None,
+                pinning: dict, pass_no: int, passes: int, out_dir: str) -> None:
+    """Write one pass's run folder: its iteration lines are the log's bytes from ``rec["offset"]`` to ``end``, its
+    warm-up's from ``start`` (the previous pass's end) to ``rec["offset"]``."""
+    raw = full_log.encode()
+    offset, cache_info = rec["offset"], rec["cache_info"]
+    run_lines = raw[offset:end].decode(errors="replace").splitlines()
     iterations = common.parse_iterations(run_lines)
-    warmup_rows = common.parse_iterations(full_log.encode()[:offset].decode(errors="replace").splitlines())
+    warmup_rows = common.parse_iterations(raw[start:offset].decode(errors="replace").splitlines())
 
     num_gpu_blocks, source = None, None
     m = common.OVERRIDE_RE.search(full_log)
@@ -231,14 +272,15 @@ def run_server(job: dict) -> None:
     run = common.base_run(job, "server", args)
     workload = dict(job["workload"])
     workload["num_gpu_blocks_source"] = source
-    workload.update(common.warmup_fields(warmup))
+    workload.update(common.warmup_fields(rec["warmup"]))
     workload["front_end_pinning"] = pinning
-    workload["host_load"] = host_load
+    workload["host_load"] = rec["host_load"]
     if warmup_rows:
         workload["warmup_steps"] = {k: [r[k] for r in warmup_rows]
                                     for k in ("ctx_requests", "ctx_tokens", "gen_requests", "gen_tokens", "elapsed_ms")}
-    if probe_before is not None:
-        workload["speed_probe"] = {"before": probe_before, "after": probe_after}
+    if rec["probe"] is not None:
+        workload["speed_probe"] = rec["probe"]
+    workload.update(common.engine_start_field(pass_no, passes))
     kv = common.KV_SIZE_RE.search(full_log)
     if kv:
         # The start-up line "KV cache size: N tokens" counts every block, the null block included, as requests of
@@ -259,8 +301,8 @@ def run_server(job: dict) -> None:
             "enable_chunked_prefill": engine["enable_chunked_prefill"],
             "enable_prefix_caching": cache_info.get("enable_prefix_caching", str(engine["enable_prefix_caching"])) == "True",
             "engine_args": args,
-            "metrics_delta": common.delta(after, before),
+            "metrics_delta": common.delta(rec["after"], rec["before"]),
             "workload": workload,
         }
     )
-    common.write_run(Path(job["out_dir"]), run, requests, iterations)
+    common.write_run(Path(out_dir), run, rec["requests"], iterations)

@@ -22,6 +22,10 @@ process group, so it can be killed as a whole); requests are streamed to ``/v1/c
 ``arrival_s`` with ``return_token_ids``, after a short warm-up (``_vllm_server.warm_up``; ``job["warmup"]``);
 ``/metrics`` is scraped before and after; iteration lines and ``num_gpu_blocks`` are parsed from the
 server's log.
+
+Both modes: a job with ``out_dirs`` (``twin record --repeats``) serves its workload once per folder through the same
+engine start, emptying the prefix cache and serving the warm-up and the speed probe again before each later pass;
+each pass's run.json has ``workload.engine_start``.
 """
 
 from __future__ import annotations
@@ -90,6 +94,8 @@ def run_offline(job: dict) -> None:
         return out
 
     engine_core = llm.llm_engine
+    out_dirs = common.out_dirs(job)
+    tag = [""]  # a pass's prefix to the engine's request ids: each pass's ids are new to the engine
 
     def add(r: dict) -> None:
         params = SamplingParams(
@@ -100,92 +106,101 @@ def run_offline(job: dict) -> None:
             detokenize=False,
             output_kind=RequestOutputKind.DELTA,
         )
-        engine_core.add_request(r["request_id"], TokensPrompt(prompt_token_ids=list(r["prompt_token_ids"])), params)
+        prompt = TokensPrompt(prompt_token_ids=list(r["prompt_token_ids"]))
+        engine_core.add_request(tag[0] + r["request_id"], prompt, params)
 
-    warmup: dict = {"decode_requests": 0, "prefill_prompt_tokens": []}
-    if job.get("warmup", True):
-        # Served before the log handler and the counters' baseline, so neither the iteration log nor the
-        # deltas count it; its blocks stay in the prefix cache, made of ids no workload prompt has.
-        decode, waves = common.warmup_plan(engine, int(cache.block_size), int(cache.num_gpu_blocks),
-                                           job.get("warmup_prefill", True))
-        rehearsal = common.rehearsal_requests(job["requests"]) if job.get("warmup_prefill", True) else None
-        deadline = time.monotonic() + job["timeout_s"]
-        for wave in [decode, *waves, *([rehearsal] if rehearsal else [])]:
-            for r in wave:
-                add(r)
-            while engine_core.has_unfinished_requests():
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"offline warm-up did not finish within {job['timeout_s']} s")
-                engine_core.step()
-        warmup = common.warmup_summary(decode, waves, rehearsal)
+    def one_pass(k: int, out_dir: str) -> None:
+        tag[0] = f"pass{k}-" if k > 1 else ""
+        warmup: dict = {"decode_requests": 0, "prefill_prompt_tokens": []}
+        if job.get("warmup", True):
+            # Served before the log handler and the counters' baseline, so neither the iteration log nor the
+            # deltas count it; its blocks stay in the prefix cache, made of ids no workload prompt has.
+            decode, waves = common.warmup_plan(engine, int(cache.block_size), int(cache.num_gpu_blocks),
+                                               job.get("warmup_prefill", True))
+            rehearsal = common.rehearsal_requests(job["requests"]) if job.get("warmup_prefill", True) else None
+            deadline = time.monotonic() + job["timeout_s"]
+            for wave in [decode, *waves, *([rehearsal] if rehearsal else [])]:
+                for r in wave:
+                    add(r)
+                while engine_core.has_unfinished_requests():
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"offline warm-up did not finish within {job['timeout_s']} s")
+                    engine_core.step()
+            warmup = common.warmup_summary(decode, waves, rehearsal)
 
-    # as in server mode, the probe runs after the warm-up, with the engine idle just before the measured requests
-    probe_before = common.probe_or_error(cpus, engine["dtype"]) if job.get("speed_probe", True) else None
-    before = counters()
-    handler = _ListHandler()
-    logging.getLogger("vllm").addHandler(handler)
-    reqs = job["requests"]
-    state = {}
-    # Pause the engine core's scheduler ("keep": queue adds, take no step), add every request, then
-    # resume: the adds and the resume travel in order on one socket, so the first step sees them all.
-    load_before = common.load_snapshot(os.getpgid(0))  # this script's group: it and the engine's processes
-    engine_core.engine_core.call_utility("pause_scheduler", "keep", False)
-    for r in reqs:
-        add(r)
-        state[r["request_id"]] = {"times": [], "cached": None}
-    t0 = time.monotonic()
-    engine_core.engine_core.call_utility("resume_scheduler")
-    deadline = t0 + job["timeout_s"]
-    while engine_core.has_unfinished_requests():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"offline run did not finish within {job['timeout_s']} s")
-        outputs = engine_core.step()
-        now = time.monotonic() - t0
-        for out in outputs:
-            st = state[out.request_id]
-            n_new = sum(len(c.token_ids) for c in out.outputs[:1])
-            st["times"].extend([now] * n_new)
-            if out.num_cached_tokens is not None:
-                st["cached"] = int(out.num_cached_tokens)
-    host_load = common.load_during(load_before, common.load_snapshot(os.getpgid(0)))
-    logging.getLogger("vllm").removeHandler(handler)
-    after = counters()
-    probe_after = common.probe_or_error(cpus, engine["dtype"]) if probe_before is not None else None
+        # as in server mode, the probe runs after the warm-up, with the engine idle just before the measured requests
+        probe_before = common.probe_or_error(cpus, engine["dtype"]) if job.get("speed_probe", True) else None
+        before = counters()
+        handler = _ListHandler()
+        logging.getLogger("vllm").addHandler(handler)
+        reqs = job["requests"]
+        state = {}
+        # Pause the engine core's scheduler ("keep": queue adds, take no step), add every request, then
+        # resume: the adds and the resume travel in order on one socket, so the first step sees them all.
+        load_before = common.load_snapshot(os.getpgid(0))  # this script's group: it and the engine's processes
+        engine_core.engine_core.call_utility("pause_scheduler", "keep", False)
+        for r in reqs:
+            add(r)
+            state[r["request_id"]] = {"times": [], "cached": None}
+        t0 = time.monotonic()
+        engine_core.engine_core.call_utility("resume_scheduler")
+        deadline = t0 + job["timeout_s"]
+        while engine_core.has_unfinished_requests():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"offline run did not finish within {job['timeout_s']} s")
+            outputs = engine_core.step()
+            now = time.monotonic() - t0
+            for out in outputs:
+                st = state[out.request_id.removeprefix(tag[0])]
+                n_new = sum(len(c.token_ids) for c in out.outputs[:1])
+                st["times"].extend([now] * n_new)
+                if out.num_cached_tokens is not None:
+                    st["cached"] = int(out.num_cached_tokens)
+        host_load = common.load_during(load_before, common.load_snapshot(os.getpgid(0)))
+        logging.getLogger("vllm").removeHandler(handler)
+        after = counters()
+        probe_after = common.probe_or_error(cpus, engine["dtype"]) if probe_before is not None else None
 
-    iterations = common.parse_iterations(handler.lines)
-    requests = []
-    for r in reqs:
-        st = state[r["request_id"]]
-        times = [common._r6(t) for t in st["times"]]
-        requests.append(
+        iterations = common.parse_iterations(handler.lines)
+        requests = []
+        for r in reqs:
+            st = state[r["request_id"]]
+            times = [common._r6(t) for t in st["times"]]
+            requests.append(
+                {
+                    "request_id": r["request_id"],
+                    "arrival_s": 0.0,
+                    "prompt_token_ids": list(r["prompt_token_ids"]),
+                    "max_tokens": r["max_tokens"],
+                    "output_tokens": len(times),
+                    "token_times_s": times,
+                    "e2e_s": times[-1] if times else None,
+                    "num_cached_tokens": st["cached"],
+                }
+            )
+        run = common.base_run(job, "offline", common.engine_cli_args(engine))
+        run.update(
             {
-                "request_id": r["request_id"],
-                "arrival_s": 0.0,
-                "prompt_token_ids": list(r["prompt_token_ids"]),
-                "max_tokens": r["max_tokens"],
-                "output_tokens": len(times),
-                "token_times_s": times,
-                "e2e_s": times[-1] if times else None,
-                "num_cached_tokens": st["cached"],
+                "block_size": int(cache.block_size),
+                "num_gpu_blocks": int(cache.num_gpu_blocks),
+                "max_num_batched_tokens": int(sched.max_num_batched_tokens),
+                "max_num_seqs": int(sched.max_num_seqs),
+                "max_model_len": int(vcfg.model_config.max_model_len),
+                "enable_chunked_prefill": bool(sched.enable_chunked_prefill),
+                "enable_prefix_caching": bool(cache.enable_prefix_caching),
+                "engine_args": common.engine_cli_args(engine),
+                "metrics_delta": common.delta(after, before),
+                "workload": job["workload"] | common.warmup_fields(warmup) | {"host_load": host_load}
+                | common.engine_start_field(k, len(out_dirs))
+                | ({} if probe_before is None else {"speed_probe": {"before": probe_before, "after": probe_after}}),
             }
         )
-    run = common.base_run(job, "offline", common.engine_cli_args(engine))
-    run.update(
-        {
-            "block_size": int(cache.block_size),
-            "num_gpu_blocks": int(cache.num_gpu_blocks),
-            "max_num_batched_tokens": int(sched.max_num_batched_tokens),
-            "max_num_seqs": int(sched.max_num_seqs),
-            "max_model_len": int(vcfg.model_config.max_model_len),
-            "enable_chunked_prefill": bool(sched.enable_chunked_prefill),
-            "enable_prefix_caching": bool(cache.enable_prefix_caching),
-            "engine_args": common.engine_cli_args(engine),
-            "metrics_delta": common.delta(after, before),
-            "workload": job["workload"] | common.warmup_fields(warmup) | {"host_load": host_load}
-            | ({} if probe_before is None else {"speed_probe": {"before": probe_before, "after": probe_after}}),
-        }
-    )
-    common.write_run(Path(job["out_dir"]), run, requests, iterations)
+        common.write_run(Path(out_dir), run, requests, iterations)
+
+    for k, out_dir in enumerate(out_dirs, start=1):
+        if k > 1 and not llm.reset_prefix_cache():  # the next pass starts from an empty prefix cache, as the first
+            raise RuntimeError(f"pass {k}: the engine refused to reset its prefix cache")
+        one_pass(k, out_dir)
 
 
 def main(argv: list[str]) -> int:

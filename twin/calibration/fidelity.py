@@ -114,8 +114,9 @@ def _values(rec: RecordedRun, result: Any, comparison: dict[str, Any], *, overhe
     return {"real": real, "twin": twin, "exact_real": exact_real, "exact_twin": exact_twin, "exact_match": exact_match}
 
 
-# What the recorder measured about the machine during a run (not the workload): repeats differ in them.
-MEASURED_WORKLOAD_FIELDS = ("speed_probe", "front_end_pinning", "warmup_steps", "host_load")
+# What the recorder measured about the machine during a run, and which pass through one engine start it was
+# (`twin record --repeats`); not the workload: repeats differ in them.
+MEASURED_WORKLOAD_FIELDS = ("speed_probe", "front_end_pinning", "warmup_steps", "host_load", "engine_start")
 
 
 def workload_key(rec: RecordedRun) -> str:

@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,6 +94,7 @@ def record_workload(
     warmup_prefill: bool = True,
     pin_front_end: bool = True,
     engine_core: str = "front-end",
+    repeat_dirs: Sequence[Path] = (),
 ) -> Path:
     """Run ``spec`` on a real vLLM and write ``out_dir/{run.json, requests.jsonl, iterations.csv}``.
 
@@ -102,8 +104,11 @@ def record_workload(
     prompts after them, so its prefill path is warm too (``_vllm_common.prefill_warmup_requests``). Neither reaches
     the run's iteration log, counters or requests. ``pin_front_end`` (server
     mode): keep the API server, engine core and client off the model's cores (``_vllm_common.pin_front_end``);
-    ``engine_core="model"``: the engine core on the model's cores instead, the API server and client off them. Raises
-    :class:`RecordError` if the engine run fails or times out; nothing is written to ``out_dir`` then.
+    ``engine_core="model"``: the engine core on the model's cores instead, the API server and client off them.
+    ``repeat_dirs``: serve the workload again through the same engine start once per folder, each pass after emptying
+    the prefix cache and serving the warm-up again, and write pass 2 to ``repeat_dirs[0]`` and so on (run.json's
+    ``workload.engine_start`` says which pass of how many; ``twin record --repeats``). Raises :class:`RecordError` if
+    the engine run fails or times out; nothing is written to ``out_dir`` nor ``repeat_dirs`` then.
     """
     if engine_core not in ENGINE_CORE_PLACES:
         raise ValueError(f"engine_core must be one of {', '.join(ENGINE_CORE_PLACES)}, not {engine_core!r}")
@@ -120,12 +125,14 @@ def record_workload(
             (scratch / sub).mkdir()
         shutil.copy(model_dir(spec.model) / "config.json", scratch / "model" / "config.json")
         requests = build_requests(spec)
+        passes = [scratch / "run"] + [scratch / f"run-{k}" for k in range(2, len(repeat_dirs) + 2)]
         job = {
             "mode": spec.mode,
             "model_dir": str(scratch / "model"),
             "launcher": str(venv.launcher),
             "scratch_dir": str(scratch),
             "out_dir": str(scratch / "run"),
+            **({"out_dirs": [str(p) for p in passes]} if repeat_dirs else {}),
             "timeout_s": timeout_s,
             "warmup": warmup,
             "warmup_prefill": warmup_prefill,
@@ -169,17 +176,19 @@ def record_workload(
                 process_group=0,
             )
             try:
-                rc = proc.wait(timeout=timeout_s + 360)  # start-up and shutdown on top of the run
+                # start-up and shutdown on top of the runs, and each later pass's warm-up
+                rc = proc.wait(timeout=timeout_s * len(passes) + 360 + 120 * (len(passes) - 1))
             except subprocess.TimeoutExpired as exc:
                 raise RecordError(f"{spec.name}: worker timed out\n{_tail(log_path)}") from exc
         if rc != 0:
             raise RecordError(f"{spec.name}: worker exited with {rc}\n{_tail(log_path)}")
-        missing = [f for f in RUN_FILES if not (scratch / "run" / f).is_file()]
+        missing = [f"{p.name}/{f}" for p in passes for f in RUN_FILES if not (p / f).is_file()]
         if missing:
             raise RecordError(f"{spec.name}: worker wrote no {missing}\n{_tail(log_path)}")
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for f in os.listdir(scratch / "run"):
-            shutil.move(str(scratch / "run" / f), str(out_dir / f))
+        for src, dest in zip(passes, [out_dir, *map(Path, repeat_dirs)], strict=True):
+            dest.mkdir(parents=True, exist_ok=True)
+            for f in os.listdir(src):
+                shutil.move(str(src / f), str(dest / f))
         return out_dir
     finally:
         if proc is not None:

