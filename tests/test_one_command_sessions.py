@@ -616,3 +616,25 @@ def test_the_one_command_on_a_cpu_without_avx512_again() -> None:
     (key, (error, star)), = failing_latency(AVX2_2).items()
     assert key == ("held-out", "heldout-offline-kv-prefix", "itl_p50_s") and -0.11 < error < -0.1 and abs(star) < 0.02
     assert 1.15 < decode_levels(report)["held-out/heldout-offline-kv-prefix"] < 1.2
+
+
+AVX2_3 = FIXTURES / "cpu-tiny-llama-avx2-3"  # the command as it stands on the same AVX2 VM later, a clone of a07ddab
+
+
+def test_the_one_command_on_a_cpu_without_avx512_a_third_time() -> None:
+    """The command as it stands (bf16) on the same boot of the AVX2 VM three and a half hours after the evening's
+    (SOURCES.md there): 157 of 160 items, 69 of 72 latency items, twin* 128 of 128, 61 within 10 % outright and a
+    median |error| of 4.9 %. The three failures are ITL items the twin puts late on runs near the fit, twin* within
+    3 %: the prefix mix's p90 on two repeats (its drawn step tail longer than these runs'), the bursty run's p50 on one."""
+    runs, report = _pinned_session(AVX2_3, 157, 69, recorded=128, idle_wake=True, front_end=True)
+    recs = [load_recorded_run(r) for r in runs]
+    assert all(r.run.dtype == "bfloat16" and r.run.hardware == "cpu 2-core x86_64 avx2 (AMD EPYC)" for r in recs)
+    assert all(r.other_load_cores is not None and r.other_load_cores < 0.05 for r in recs)
+    failing = failing_latency(AVX2_3)
+    assert set(failing) == {("held-out-repeat2", "heldout-server-prefix-mix", "itl_p90_s"),
+                            ("held-out-repeat3", "heldout-server-prefix-mix", "itl_p90_s"),
+                            ("held-out-repeat4", "heldout-server-bursty", "itl_p50_s")}
+    assert all(0.12 < error < 0.23 and abs(star) < 0.03 for error, star in failing.values())
+    levels = decode_levels(report)
+    assert all(0.95 < levels[f"held-out-repeat{k}/heldout-server-prefix-mix"] < 1.05 for k in (2, 3))
+    assert 0.87 < min(levels.values()) and max(levels.values()) < 1.18
