@@ -600,6 +600,17 @@ def test_the_one_command_in_float32_on_a_cpu_without_avx512_again() -> None:
     assert 0.9 < decode_levels(report)["held-out-repeat4/heldout-offline-kv-prefix"] < 0.93
 
 
+def _bf16_avx2_session(root: Path, passed: int, latency: int) -> tuple[dict, list]:
+    """A session of the one command as it stands (bf16) on the AVX2 VM since its runs name the instruction set
+    (``_pinned_session`` with the command's options): every run in bf16, the bf16 speed probe slow as it is there.
+    Returns today's table and the sweep's recordings."""
+    runs, report = _pinned_session(root, passed, latency, recorded=128, idle_wake=True, front_end=True)
+    recs = [load_recorded_run(r) for r in runs]
+    assert all(r.run.dtype == "bfloat16" and r.run.hardware == "cpu 2-core x86_64 avx2 (AMD EPYC)" for r in recs)
+    assert min(r.run.workload["speed_probe"]["before"]["median_s"] for r in recs) > 0.2
+    return report, recs
+
+
 AVX2_2 = FIXTURES / "cpu-tiny-llama-avx2-2"  # the command as it stands on a new AVX2 VM, a clone of 7460bba
 
 
@@ -609,10 +620,7 @@ def test_the_one_command_on_a_cpu_without_avx512_again() -> None:
     ITL p50 on a repeat whose decode steps ran at 1.17 of the fit, the twin fast by 10.2 %, twin* within 2 %. Over the
     two pairs the bf16 command passed 143 of 144 latency items, the float32 one 125 ("Hosts without AVX-512" in
     docs/calibration.md)."""
-    runs, report = _pinned_session(AVX2_2, 159, 71, recorded=128, idle_wake=True, front_end=True)
-    recs = [load_recorded_run(r) for r in runs]
-    assert all(r.run.dtype == "bfloat16" and r.run.hardware == "cpu 2-core x86_64 avx2 (AMD EPYC)" for r in recs)
-    assert min(r.run.workload["speed_probe"]["before"]["median_s"] for r in recs) > 0.2
+    report, _ = _bf16_avx2_session(AVX2_2, 159, 71)
     (key, (error, star)), = failing_latency(AVX2_2).items()
     assert key == ("held-out", "heldout-offline-kv-prefix", "itl_p50_s") and -0.11 < error < -0.1 and abs(star) < 0.02
     assert 1.15 < decode_levels(report)["held-out/heldout-offline-kv-prefix"] < 1.2
@@ -626,9 +634,7 @@ def test_the_one_command_on_a_cpu_without_avx512_a_third_time() -> None:
     (SOURCES.md there): 157 of 160 items, 69 of 72 latency items, twin* 128 of 128, 61 within 10 % outright and a
     median |error| of 4.9 %. The three failures are ITL items the twin puts late on runs near the fit, twin* within
     3 %: the prefix mix's p90 on two repeats (its drawn step tail longer than these runs'), the bursty run's p50 on one."""
-    runs, report = _pinned_session(AVX2_3, 157, 69, recorded=128, idle_wake=True, front_end=True)
-    recs = [load_recorded_run(r) for r in runs]
-    assert all(r.run.dtype == "bfloat16" and r.run.hardware == "cpu 2-core x86_64 avx2 (AMD EPYC)" for r in recs)
+    report, recs = _bf16_avx2_session(AVX2_3, 157, 69)
     assert all(r.other_load_cores is not None and r.other_load_cores < 0.05 for r in recs)
     failing = failing_latency(AVX2_3)
     assert set(failing) == {("held-out-repeat2", "heldout-server-prefix-mix", "itl_p90_s"),
