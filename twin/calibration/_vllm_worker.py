@@ -95,9 +95,8 @@ def run_offline(job: dict) -> None:
 
     engine_core = llm.llm_engine
     out_dirs = common.out_dirs(job)
-    tag = [""]  # a pass's prefix to the engine's request ids: each pass's ids are new to the engine
 
-    def add(r: dict) -> None:
+    def add(r: dict, prefix: str) -> None:  # prefix: the pass's, so each pass's request ids are new to the engine
         params = SamplingParams(
             max_tokens=r["max_tokens"],
             min_tokens=r["max_tokens"],
@@ -107,10 +106,10 @@ def run_offline(job: dict) -> None:
             output_kind=RequestOutputKind.DELTA,
         )
         prompt = TokensPrompt(prompt_token_ids=list(r["prompt_token_ids"]))
-        engine_core.add_request(tag[0] + r["request_id"], prompt, params)
+        engine_core.add_request(prefix + r["request_id"], prompt, params)
 
     def one_pass(k: int, out_dir: str) -> None:
-        tag[0] = f"pass{k}-" if k > 1 else ""
+        prefix = f"pass{k}-" if k > 1 else ""
         warmup: dict = {"decode_requests": 0, "prefill_prompt_tokens": []}
         if job.get("warmup", True):
             # Served before the log handler and the counters' baseline, so neither the iteration log nor the
@@ -121,7 +120,7 @@ def run_offline(job: dict) -> None:
             deadline = time.monotonic() + job["timeout_s"]
             for wave in [decode, *waves, *([rehearsal] if rehearsal else [])]:
                 for r in wave:
-                    add(r)
+                    add(r, prefix)
                 while engine_core.has_unfinished_requests():
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"offline warm-up did not finish within {job['timeout_s']} s")
@@ -140,7 +139,7 @@ def run_offline(job: dict) -> None:
         load_before = common.load_snapshot(os.getpgid(0))  # this script's group: it and the engine's processes
         engine_core.engine_core.call_utility("pause_scheduler", "keep", False)
         for r in reqs:
-            add(r)
+            add(r, prefix)
             state[r["request_id"]] = {"times": [], "cached": None}
         t0 = time.monotonic()
         engine_core.engine_core.call_utility("resume_scheduler")
@@ -151,7 +150,7 @@ def run_offline(job: dict) -> None:
             outputs = engine_core.step()
             now = time.monotonic() - t0
             for out in outputs:
-                st = state[out.request_id.removeprefix(tag[0])]
+                st = state[out.request_id.removeprefix(prefix)]
                 n_new = sum(len(c.token_ids) for c in out.outputs[:1])
                 st["times"].extend([now] * n_new)
                 if out.num_cached_tokens is not None:
