@@ -365,6 +365,93 @@ def probe_or_error(cpus: list[int], dtype: str = "bfloat16") -> dict:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
+WITNESS_PERIOD_S = 0.5
+WITNESS_BUFFER_MB = 32
+# The witness process: one sum over a buffer larger than the core's caches every period, timed by the clock and by
+# the process's own CPU time (which leaves out any time the front end's threads held the core); one line per sample
+# ("<monotonic start> <seconds> <CPU seconds>"), until its parent is gone or it is stopped. numpy: the vLLM
+# environment has it.
+_WITNESS_CODE = """
+import os, sys, time
+import numpy as np
+period, mb, cpus, out, parent = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], os.getppid()
+os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
+a = np.ones(mb * 1024 * 1024 // 8)
+a.sum()
+with open(out, "w", buffering=1) as f:
+    while os.getppid() == parent:
+        t, c = time.monotonic(), time.thread_time()
+        a.sum()
+        e, ec = time.monotonic() - t, time.thread_time() - c
+        f.write(f"{t:.6f} {e:.7f} {ec:.7f}\\n")
+        time.sleep(max(period - e, 0.01))
+"""
+
+
+class HostWitness:
+    """The host's speed while a run is served, sampled beside the engine rather than before and after it.
+
+    On a shared VM a run's steps move by up to ~1.4x within seconds with the host's speed for work that leaves the
+    core's caches (the model's weights, the engine's dispatch), which ``speed_probe``'s cache-resident product
+    hardly sees; a sum over ``WITNESS_BUFFER_MB`` MB on a core the engine's model does not use, every
+    ``WITNESS_PERIOD_S`` s (~2 ms of ~500: it does not load the front end's core), followed the level of an offline
+    run's decode steps over twelve passes at a correlation of 0.78 where the speed probe's was 0.30
+    (docs/calibration-sessions.md, "What moves a run's level"). ``start`` launches the sampling process (``python``:
+    the vLLM environment's, which has numpy) on the CPUs this process may use less ``engine_cpus``, in process group
+    ``pgid`` (None: this process's) so a recording's load snapshot counts it as the recording's own; ``result``
+    stops it and returns the samples within a window of ``time.monotonic()``, for run.json. A witness never fails a
+    recording: what went wrong is returned instead (``{"error": ...}``)."""
+
+    def __init__(self, python: str, engine_cpus: list[int], scratch: Path, pgid: int | None = None) -> None:
+        self.cpus = sorted(set(os.sched_getaffinity(0)) - set(engine_cpus))
+        self.path = Path(scratch) / f"host-witness-{os.getpid()}-{time.monotonic_ns()}.txt"
+        self.proc = None
+        self.error: str | None = None
+        if not engine_cpus or not self.cpus:
+            self.error = "no CPU free of the engine's model workers"
+            return
+        import subprocess
+
+        try:
+            self.proc = subprocess.Popen(
+                [python, "-c", _WITNESS_CODE, str(WITNESS_PERIOD_S), str(WITNESS_BUFFER_MB),
+                 ",".join(map(str, self.cpus)), str(self.path)],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                **({} if pgid is None else {"process_group": pgid}))
+        except OSError as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def result(self, t0: float, t1: float) -> dict:
+        """Stop sampling; the samples that started within ``[t0, t1]`` (``time.monotonic()``), as seconds from
+        ``t0`` and milliseconds taken, with their median."""
+        if self.proc is None:
+            return {"error": self.error}
+        self.proc.terminate()
+        try:
+            _, err = self.proc.communicate(timeout=10)
+        except Exception:  # noqa: BLE001 - a witness never fails a recording
+            self.proc.kill()
+            err = b""
+        try:
+            lines = self.path.read_text().split("\n")
+            self.path.unlink()
+        except OSError:
+            lines = []
+        samples = []
+        for line in lines:
+            cols = line.split()
+            if len(cols) == 3 and t0 <= float(cols[0]) <= t1:
+                samples.append((float(cols[0]) - t0, float(cols[1]) * 1e3, float(cols[2]) * 1e3))
+        if not samples:
+            tail = (err or b"").decode(errors="replace").strip().splitlines()[-1:]
+            return {"error": "no samples during the run" + (f" ({tail[0]})" if tail else "")}
+        ms, cpu_ms = sorted(s[1] for s in samples), sorted(s[2] for s in samples)
+        return {"cpus": self.cpus, "period_s": WITNESS_PERIOD_S, "buffer_mb": WITNESS_BUFFER_MB,
+                "median_ms": round(ms[len(ms) // 2], 4), "median_cpu_ms": round(cpu_ms[len(cpu_ms) // 2], 4),
+                "samples": len(samples), "t_s": [round(s[0], 3) for s in samples],
+                "ms": [round(s[1], 4) for s in samples], "cpu_ms": [round(s[2], 4) for s in samples]}
+
+
 def _parent_pid(pid: int) -> int | None:
     cols = _stat(pid)
     return int(cols[1]) if len(cols) > 1 else None

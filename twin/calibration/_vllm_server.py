@@ -12,6 +12,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -211,6 +212,10 @@ def _one_pass(job: dict, base: str, model: str, log, log_path: Path, pid: int, c
     import asyncio
 
     engine = job["engine"]
+    # started before the warm-up, so its start-up is over before the measured requests; in the server's process
+    # group, so the load snapshot counts it as the recording's own and the group's teardown takes it
+    witness = (common.HostWitness(sys.executable, cpus, log_path.parent, pgid=pid)
+               if job.get("host_witness", True) else None)
     warmup: dict = {"decode_requests": 0, "prefill_prompt_tokens": []}
     if job.get("warmup", True):
         status, text = http_get(base + "/metrics")
@@ -226,8 +231,11 @@ def _one_pass(job: dict, base: str, model: str, log, log_path: Path, pid: int, c
     log.flush()
     offset = log_path.stat().st_size
     load_before = common.load_snapshot(pid)
+    t0 = time.monotonic()
     requests, _ = asyncio.run(_send_all(base, model, job["requests"], job["timeout_s"]))
+    t_end = time.monotonic()
     host_load = common.load_during(load_before, common.load_snapshot(pid))
+    host_witness = witness.result(t0, t_end) if witness is not None else None
     # Iteration lines are logged by the API process right after each step's outputs; give the
     # last ones a moment to reach the log.
     time.sleep(1.0)
@@ -239,7 +247,7 @@ def _one_pass(job: dict, base: str, model: str, log, log_path: Path, pid: int, c
     log.flush()
     return {"warmup": warmup, "probe": None if probe_before is None else {"before": probe_before, "after": probe_after},
             "before": before, "after": after, "cache_info": cache_info_after or cache_info, "offset": offset,
-            "end": log_path.stat().st_size, "requests": requests, "host_load": host_load}
+            "end": log_path.stat().st_size, "requests": requests, "host_load": host_load, "host_witness": host_witness}
 
 
 def _write_pass(job: dict, args: list[str], engine: dict, full_log: str, rec: dict, start: int, end: int | None,
@@ -280,6 +288,8 @@ def _write_pass(job: dict, args: list[str], engine: dict, full_log: str, rec: di
                                     for k in ("ctx_requests", "ctx_tokens", "gen_requests", "gen_tokens", "elapsed_ms")}
     if rec["probe"] is not None:
         workload["speed_probe"] = rec["probe"]
+    if rec.get("host_witness") is not None:
+        workload["host_witness"] = rec["host_witness"]
     workload.update(common.engine_start_field(pass_no, passes))
     kv = common.KV_SIZE_RE.search(full_log)
     if kv:

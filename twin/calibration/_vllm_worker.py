@@ -110,6 +110,9 @@ def run_offline(job: dict) -> None:
 
     def one_pass(k: int, out_dir: str) -> None:
         prefix = f"pass{k}-" if k > 1 else ""
+        # started before the warm-up, so its start-up is over before the measured requests
+        witness = (common.HostWitness(sys.executable, cpus, Path(job["scratch_dir"]))
+                   if job.get("host_witness", True) else None)
         warmup: dict = {"decode_requests": 0, "prefill_prompt_tokens": []}
         if job.get("warmup", True):
             # Served before the log handler and the counters' baseline, so neither the iteration log nor the
@@ -155,7 +158,9 @@ def run_offline(job: dict) -> None:
                 st["times"].extend([now] * n_new)
                 if out.num_cached_tokens is not None:
                     st["cached"] = int(out.num_cached_tokens)
+        t_end = time.monotonic()
         host_load = common.load_during(load_before, common.load_snapshot(os.getpgid(0)))
+        host_witness = witness.result(t0, t_end) if witness is not None else None
         logging.getLogger("vllm").removeHandler(handler)
         after = counters()
         probe_after = common.probe_or_error(cpus, engine["dtype"]) if probe_before is not None else None
@@ -191,7 +196,8 @@ def run_offline(job: dict) -> None:
                 "metrics_delta": common.delta(after, before),
                 "workload": job["workload"] | common.warmup_fields(warmup) | {"host_load": host_load}
                 | common.engine_start_field(k, len(out_dirs))
-                | ({} if probe_before is None else {"speed_probe": {"before": probe_before, "after": probe_after}}),
+                | ({} if probe_before is None else {"speed_probe": {"before": probe_before, "after": probe_after}})
+                | ({} if host_witness is None else {"host_witness": host_witness}),
             }
         )
         common.write_run(Path(out_dir), run, requests, iterations)

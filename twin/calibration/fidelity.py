@@ -116,7 +116,8 @@ def _values(rec: RecordedRun, result: Any, comparison: dict[str, Any], *, overhe
 
 # What the recorder measured about the machine during a run, and which pass through one engine start it was
 # (`twin record --repeats`); not the workload: repeats differ in them.
-MEASURED_WORKLOAD_FIELDS = ("speed_probe", "front_end_pinning", "warmup_steps", "host_load", "engine_start")
+MEASURED_WORKLOAD_FIELDS = ("speed_probe", "front_end_pinning", "warmup_steps", "host_load", "engine_start",
+                            "host_witness")
 
 
 def workload_key(rec: RecordedRun) -> str:
@@ -514,7 +515,9 @@ def format_table(report: dict[str, Any]) -> str:
             cells = [f"{regime} {level[regime]['median_ratio']:.2f} ({level[regime]['steps']} steps)"
                      for regime in ("decode", "prefill") if level.get(regime) is not None]
             if cells:
-                lines.append("  recorded steps / the profile's model, median: " + ", ".join(cells))
+                witness = level.get("host_witness_ms")
+                lines.append("  recorded steps / the profile's model, median: " + ", ".join(cells)
+                             + ("" if witness is None else f"; host witness {witness:.2f} ms"))
     s = report["summary"]
     lines += ["", "twin = replay with the profile's step times (verdict); twin* = replay with the recorded step "
                   "times + the profile's overhead (server runs: + the server front end, each step timed from the "

@@ -187,8 +187,9 @@ def step_residuals(run_dirs: Sequence[str | Path], *, profile: str, bias: float 
 
 def _run_level(rec: RecordedRun, rows: list[_Step], bias: float) -> dict[str, Any]:
     """One run's level: its decode and its prefill-carrying steps binned whole (``decode``, ``prefill``; None
-    without such steps), and the recorder's speed probe before and after it (``speed_probe_ms``, the median trial;
-    None where the run has none). A run whose decode steps sit off the model while the others' do not ran at its own
+    without such steps), the recorder's speed probe before and after it (``speed_probe_ms``, the median trial;
+    None where the run has none) and its host witness during it (``host_witness_ms``, the median sample; None where
+    the run has none: ``_vllm_common.HostWitness``). A run whose decode steps sit off the model while the others' do not ran at its own
     speed (another host, a slower start, a neighbour), which no term of the model can follow. The probe is a hint,
     not a measure: before server runs it has read slow where the run then sat on the model (docs/calibration.md,
     "Step-time residuals by regime")."""
@@ -199,6 +200,8 @@ def _run_level(rec: RecordedRun, rows: list[_Step], bias: float) -> dict[str, An
         level["speed_probe_ms"] = [float(probe[k]["median_s"]) * 1e3 for k in ("before", "after")]
     except (KeyError, TypeError, ValueError):  # no probe, or one that failed ({"error": ...})
         level["speed_probe_ms"] = None
+    witness = (rec.run.workload or {}).get("host_witness") or {}
+    level["host_witness_ms"] = float(witness["median_ms"]) if "median_ms" in witness else None
     return level
 
 
@@ -233,7 +236,7 @@ def format_residuals(report: dict[str, Any]) -> str:
                              f"{'  BIASED' if b['biased'] else ''}")
     if report["runs"]:
         lines.append("\nby run (median recorded / model of its decode and its prefill steps; the speed probe's median "
-                     "trial before and after it)")
+                     "trial before and after it; the host witness's median sample during it, where recorded)")
         for r in report["runs"]:
             name = "/".join(Path(r["run"]).parts[-2:])
             cells = []
@@ -243,6 +246,8 @@ def format_residuals(report: dict[str, Any]) -> str:
                              f"({0 if b is None else b['steps']:4d}){'*' if b is not None and b['biased'] else ' '}")
             probe = r.get("speed_probe_ms")
             cells.append("probe n/a" if probe is None else f"probe {probe[0]:.2f} / {probe[1]:.2f} ms")
+            if r.get("host_witness_ms") is not None:
+                cells.append(f"witness {r['host_witness_ms']:.2f} ms")
             lines.append(f"  {name:<48s} {r['section']:<7s} " + "  ".join(cells))
         lines.append("  (* the run's median is biased: its 95 % interval outside 1 +- "
                      f"{report['bias']:.0%})")
