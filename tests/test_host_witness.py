@@ -102,3 +102,130 @@ def test_fidelity_prints_the_witness_under_a_run(tmp_path):
     plain = fidelity([run], profile=str(src / "cpu-tiny-llama.yaml"), noise=False)
     assert plain["runs"][0]["step_level"]["host_witness_ms"] is None
     assert "host witness" not in format_table(plain)
+
+
+# --- the term: fitted by calibrate, used by fidelity --host-witness -------------------------------------------------
+
+SESSION = Path(__file__).parent / "fixtures" / "calibration" / "cpu-tiny-llama-avx2-3"
+PROFILE = SESSION / "cpu-tiny-llama.yaml"
+
+
+def _copy_run(src: Path, dst: Path, witness_ms: float | None) -> Path:
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.is_file():
+            (dst / f.name).write_bytes(f.read_bytes())
+    if witness_ms is not None:
+        meta = json.loads((dst / "run.json").read_text())
+        meta["workload"]["host_witness"] = {"cpus": [1], "period_s": 0.5, "buffer_mb": 32, "median_ms": witness_ms,
+                                            "median_cpu_ms": witness_ms, "samples": 1, "t_s": [0.1],
+                                            "ms": [witness_ms], "cpu_ms": [witness_ms]}
+        (dst / "run.json").write_text(json.dumps(meta))
+    return dst
+
+
+def _levels(runs: list[Path], profile: str) -> list[float]:
+    from twin.calibration.recorded import load_recorded_run
+    from twin.calibration.residuals import run_step_level
+    from twin.engine_profiles import load_profile
+
+    prof = load_profile(profile)
+    return [run_step_level(load_recorded_run(r), prof)["decode"]["median_ratio"] for r in runs]
+
+
+def _witnessed_sweep(tmp_path: Path, exponent: float, reference: float) -> list[Path]:
+    """The avx2-3 session's sweep, each run given the witness at which ``(w / reference) ** exponent`` is its level
+    against the session's profile."""
+    src = sorted(p for p in (SESSION / "calibration").iterdir() if (p / "run.json").exists())
+    levels = _levels(src, str(PROFILE))
+    return [_copy_run(s, tmp_path / "sweep" / s.name, reference * lvl ** (1 / exponent))
+            for s, lvl in zip(src, levels, strict=True)]
+
+
+def test_the_fit_recovers_a_witness_the_levels_follow(tmp_path):
+    from twin.calibration.recorded import load_recorded_run
+    from twin.calibration.witness import fit_host_witness
+    from twin.engine_profiles import load_profile
+
+    runs = _witnessed_sweep(tmp_path, exponent=2.0, reference=2.2)
+    recs = [load_recorded_run(r) for r in runs]
+    term = fit_host_witness(recs, load_profile(str(PROFILE)))
+    assert term is not None and term.runs == len(runs) == 11
+    assert term.exponent == pytest.approx(2.0, abs=1e-4) and term.reference_ms == pytest.approx(2.2, rel=1e-4)
+    assert term.correlation == pytest.approx(1.0, abs=1e-4)
+    assert "offline, server" in term.notes
+    assert fit_host_witness(recs[:2], load_profile(str(PROFILE))) is None  # too few runs
+    plain = [load_recorded_run(r) for r in sorted((SESSION / "calibration").iterdir())]
+    assert fit_host_witness(plain, load_profile(str(PROFILE))) is None  # recorded before the witness
+
+
+def test_calibrate_keeps_the_term_in_the_profile(tmp_path):
+    from twin.calibration.calibrate import FitOptions, calibrate
+    from twin.engine_profiles import load_profile
+    from twin.engine_profiles.derive import write_spec
+
+    runs = _witnessed_sweep(tmp_path, exponent=1.5, reference=2.0)
+    opts = FitOptions(server_offline_attention=True, decode_floor=True, idle_wake=True, stream_ends=True, intake=True)
+    spec = calibrate(runs, name="cpu-tiny-llama", command="test", options=opts).spec
+    assert spec.host_witness is not None and spec.host_witness.runs == 11
+    # the refit is the committed profile's fit (its levels made the witnesses), so the term comes back close
+    assert spec.host_witness.exponent == pytest.approx(1.5, rel=0.05)
+    assert spec.host_witness.reference_ms == pytest.approx(2.0, rel=0.02)
+    out = tmp_path / "p.yaml"
+    write_spec(spec, out)
+    assert load_profile(str(out)).spec.host_witness == spec.host_witness
+    assert load_profile(str(PROFILE)).spec.host_witness is None  # the committed profiles have none
+
+
+def test_the_host_speed_scales_model_time_only():
+    from twin.engine_profiles import load_profile
+    from twin.engine_profiles.step import StepShape
+    from twin.replay import HostSpeedStepTimes
+
+    base = load_profile(str(PROFILE)).step_time_model()
+    fixed = lambda n: 0.001  # noqa: E731
+    scaled = HostSpeedStepTimes(base, 1.25, fixed_s=fixed)
+    shape = StepShape(decode_requests=6, decode_context_tokens=600, prefill_requests=0, prefill_tokens=0)
+    assert scaled.step_time_s(shape) == pytest.approx(0.001 + (base.step_time_s(shape) - 0.001) * 1.25)
+    run = scaled.decode_run_s(6, 600, 4)
+    assert run == pytest.approx(0.001 + (base.decode_run_s(6, 600, 4) - 0.001) * 1.25)
+    with pytest.raises(ValueError, match="positive"):
+        HostSpeedStepTimes(base, 0.0, fixed_s=fixed)
+
+
+def test_fidelity_scales_each_run_by_its_own_witness(tmp_path):
+    from twin.calibration.calibrate import FitOptions, calibrate
+    from twin.calibration.fidelity import fidelity, format_table
+    from twin.engine_profiles.derive import write_spec
+
+    runs = _witnessed_sweep(tmp_path, exponent=2.0, reference=2.0)
+    opts = FitOptions(server_offline_attention=True, decode_floor=True, idle_wake=True, stream_ends=True, intake=True)
+    prof = tmp_path / "cpu-tiny-llama.yaml"
+    write_spec(calibrate(runs, name="cpu-tiny-llama", command="test", options=opts).spec, prof)
+    held = SESSION / "held-out" / "heldout-offline-kv-prefix"
+    slow = _copy_run(held, tmp_path / "slow" / held.name, 2.2)  # a witness 10 % slower: ~1.2x the model time
+    bare = _copy_run(held, tmp_path / "bare" / held.name, None)
+    with pytest.raises(ValueError, match="no host_witness term"):
+        fidelity([slow], profile=str(PROFILE), noise=False, host_witness=True)
+    plain = fidelity([slow, bare], profile=str(prof), noise=False)
+    scaled = fidelity([slow, bare], profile=str(prof), noise=False, host_witness=True)
+    term = scaled["host_witness"]
+    factor = (2.2 / term["reference_ms"]) ** term["exponent"]
+    assert 1.15 < factor < 1.3
+    assert scaled["runs"][0]["host_factor"] == pytest.approx(factor, rel=1e-5)
+    assert scaled["runs"][1]["host_factor"] is None  # no witness: not scaled
+    assert "host_factor" not in plain["runs"][0] and "host_witness" not in plain
+    e2e = lambda rep, i: rep["runs"][i]["items"]["e2e_p50_s"]["twin"]  # noqa: E731
+    assert e2e(scaled, 0) / e2e(plain, 0) == pytest.approx(factor, rel=0.05)
+    assert e2e(scaled, 1) == e2e(plain, 1)
+    text = format_table(scaled)
+    assert "profile replays scaled by each run's host witness (--host-witness)" in text
+    assert f"the profile replay scaled x{factor:.3f} for it" in text
+
+
+def test_the_cli_refuses_the_option_with_sessions_or_steps(capsys):
+    from twin.cli import main
+
+    for extra in (["--sessions"], ["--steps", "--profile", str(PROFILE)]):
+        assert main(["fidelity", "--host-witness", str(SESSION), *extra]) == 2
+        assert "--host-witness goes with a plain table" in capsys.readouterr().err

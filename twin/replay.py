@@ -334,6 +334,31 @@ class NoisyStepTimes:
         return fixed + (t - fixed) * np.interp(self._rng.random(num_steps), self._grid, self._decode)
 
 
+class HostSpeedStepTimes:
+    """A step-time model whose every step's model-execution time is multiplied by ``factor``: the host's speed during
+    a recorded run against the calibration's, as the run's host witness predicts it (``twin.calibration.witness.
+    host_factor``; ``twin fidelity --host-witness``). The time outside model execution (``fixed_s``) is left as
+    modelled, as ``NoisyStepTimes`` leaves it."""
+
+    def __init__(self, base: StepTimeModel, factor: float, *, fixed_s: Callable[[int], float]) -> None:
+        if not factor > 0:
+            raise ValueError(f"host speed factor must be positive, not {factor}")
+        self.base = base
+        self.factor = float(factor)
+        self.fixed_s = fixed_s
+        self.overhead_s = getattr(base, "overhead_s", 0.0)
+
+    def step_time_s(self, shape: StepShape) -> float:
+        t = self.base.step_time_s(shape)
+        fixed = self.fixed_s(shape.decode_requests + shape.prefill_requests)
+        return fixed + (t - fixed) * self.factor
+
+    def decode_run_s(self, decode_requests: int, decode_context_tokens: int, num_steps: int) -> np.ndarray:
+        t = self.base.decode_run_s(decode_requests, decode_context_tokens, num_steps)
+        fixed = self.fixed_s(decode_requests)
+        return fixed + (t - fixed) * self.factor
+
+
 class FirstStepExtra:
     """A step-time model whose first step takes ``first_step_s`` longer (a profile's ``first_step_s``: the cold start
     of a recorded run). Replays only: the fleet simulation never builds it."""
@@ -464,7 +489,7 @@ def server_front_end(rec: RecordedRun, profile: str | None) -> Any:
 
 
 def replay(rec: RecordedRun, *, profile: str | None, step_times: str = "profile", noise: bool | None = None,
-           noise_seed: int = 0) -> RunResult:
+           noise_seed: int = 0, host_speed: float = 1.0) -> RunResult:
     """Simulate ``rec`` in the twin. ``step_times`` is ``"profile"`` or ``"recorded"``. ``noise``: multiply
     each profile step time by a draw from the profile's fitted ``step_time_noise`` (``NoisyStepTimes``, seeded
     by the run's folder name); True is an error when the profile has no such table. None (the default): on when
@@ -475,7 +500,9 @@ def replay(rec: RecordedRun, *, profile: str | None, step_times: str = "profile"
     replay (``FirstStepExtra``), never to recorded step times; likewise a fitted decode ``batch_change_s``
     (``BatchChangeExtra``) and a server section's ``idle_wake_s`` (``IdleWakeExtra``). A server section's stream-end
     and intake terms, where fitted, are added to profile and recorded replays alike (``StreamEndsExtra``,
-    ``IntakeExtra``), its engine intake term ``per_request_in_step_s`` to profile replays only."""
+    ``IntakeExtra``), its engine intake term ``per_request_in_step_s`` to profile replays only. ``host_speed``:
+    multiply a profile replay's model-execution time (noise and batch-change term included, the other extras not)
+    by it (``HostSpeedStepTimes``; 1, the default, leaves it as modelled); recorded step times are never scaled."""
     if step_times not in ("profile", "recorded"):
         raise ValueError("step_times must be 'profile' or 'recorded'")
     if step_times == "profile" and profile is None:
@@ -506,6 +533,8 @@ def replay(rec: RecordedRun, *, profile: str | None, step_times: str = "profile"
         if noise is not False and table is not None:
             key = f"noise/{rec.path.name}" + (f"/{noise_seed}" if noise_seed else "")
             model = NoisyStepTimes(model, table, seed=stable_hash(key), fixed_s=fixed_s)
+        if host_speed != 1.0:
+            model = HostSpeedStepTimes(model, host_speed, fixed_s=fixed_s)
         if coefficients.first_step_s:
             model = FirstStepExtra(model, coefficients.first_step_s)
         if server is not None and server.idle_wake_s:

@@ -56,7 +56,9 @@ from twin.calibration.server import (
     reconstruct,
     step_front_end_s,
 )
+from twin.calibration.witness import fit_host_witness
 from twin.engine_profiles.profile import (
+    EngineProfile,
     EngineProfileSpec,
     Hardware,
     MemoryAssumptions,
@@ -369,7 +371,11 @@ def calibrate(run_dirs: Sequence[str | Path], *, name: str, command: str, genera
         server=None if server is None else server.front_end,
         step_time_noise=step_time_noise(coefficients, shapes, elapsed, exclude=firsts),
     )
-    return CalibrationResult(spec=spec, used=[s.path for s in samples] + ([] if server is None else server.used),
+    used = [s.path for s in samples] + ([] if server is None else server.used)
+    term = fit_host_witness([r for r in recs if r.path in used], EngineProfile(spec))
+    if term is not None:
+        spec = spec.model_copy(update={"host_witness": term})
+    return CalibrationResult(spec=spec, used=used,
                              refused=refused, overhead_samples_s=per_step,
                              shared_context_runs=[] if server is None else server.shared_context_runs)
 

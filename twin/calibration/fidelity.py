@@ -191,7 +191,8 @@ def _over_draws(draws: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _replay_both(rec: RecordedRun, profile: str, overhead_s: float, overhead_in_log_s: float, *,
-                 noise: bool | None = None, noise_seed: int = 0, draws: int = 1) -> _RunReplays:
+                 noise: bool | None = None, noise_seed: int = 0, draws: int = 1,
+                 host_speed: float = 1.0) -> _RunReplays:
     server = server_front_end(rec, profile)
     if server is None:
         acct: dict[str, float] = {"overhead_s": overhead_s, "overhead_in_log_s": overhead_in_log_s}
@@ -200,7 +201,8 @@ def _replay_both(rec: RecordedRun, profile: str, overhead_s: float, overhead_in_
         acct = {"overhead_s": fe, "overhead_in_log_s": fe}
     each = []
     for k in range(draws):
-        res_p = replay(rec, profile=profile, step_times="profile", noise=noise, noise_seed=noise_seed + k)
+        res_p = replay(rec, profile=profile, step_times="profile", noise=noise, noise_seed=noise_seed + k,
+                       host_speed=host_speed)
         if not res_p.ok:
             raise RuntimeError(f"{rec.path}: the profile replay failed: {res_p.manifest['exception']}")
         each.append(_values(rec, res_p, compare(rec, res_p, server=server), **acct))
@@ -266,15 +268,20 @@ def _as_float(x: Any) -> float | None:
 
 
 def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float = DEFAULT_TOLERANCE,
-             noise: bool | None = None, noise_seed: int = 0, draws: int = 1) -> dict[str, Any]:
+             noise: bool | None = None, noise_seed: int = 0, draws: int = 1, host_witness: bool = False
+             ) -> dict[str, Any]:
     """The fidelity report (a JSON-ready dict) of ``profile`` on the recorded runs ``run_dirs``. ``noise``: the
     profile replays draw each step's time from the profile's fitted ``step_time_noise`` (``replay``); None (the
     default) where the profile has that table; ``noise_seed`` as ``replay``'s. ``draws``: replay each run with
     that many noise draws (seeds ``noise_seed`` onwards) and judge the median over them (``_over_draws``); each
     tolerance item then also carries the draws' values and their spread (``twin_draws``, ``twin_spread``).
     Each run carries its steps against the profile's model (``step_level``, ``run_step_level``), and the report the
-    latency items counted by how far their run's decode steps sat from it (``latency_by_step_level``)."""
+    latency items counted by how far their run's decode steps sat from it (``latency_by_step_level``).
+    ``host_witness``: scale each profile replay's model-execution time by the level the profile's ``host_witness``
+    term predicts from the run's own host witness (``twin.calibration.witness``; ``host_factor`` per run, None and
+    unscaled for a run without a witness); a ValueError when the profile has no such term."""
     from twin.calibration.residuals import run_step_level
+    from twin.calibration.witness import host_factor
     from twin.engine_profiles import load_profile
 
     if draws < 1:
@@ -287,9 +294,15 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
     model = prof.step_time_model()
     overhead_s = prof.spec.step_time.overhead_s if prof.spec.step_time is not None else 0.0
     overhead_in_log_s = float(getattr(model, "overhead_s", 0.0) or 0.0)
+    term = prof.spec.host_witness
+    if host_witness and term is None:
+        raise ValueError(f"profile {profile!r} has no host_witness term: refit it with twin calibrate from runs "
+                         f"recorded with the host witness (twin record, since 2026-12-08)")
     recs = [load_recorded_run(p) for p in run_dirs]
-    replays = [_replay_both(r, profile, overhead_s, overhead_in_log_s, noise=noise, noise_seed=noise_seed, draws=draws)
-               for r in recs]
+    factors = [host_factor(r, term) if host_witness else None for r in recs]
+    replays = [_replay_both(r, profile, overhead_s, overhead_in_log_s, noise=noise, noise_seed=noise_seed, draws=draws,
+                            host_speed=f if f is not None else 1.0)
+               for r, f in zip(recs, factors, strict=True)]
     groups: dict[str, list[int]] = {}
     for i, r in enumerate(recs):
         groups.setdefault(workload_key(r), []).append(i)
@@ -330,6 +343,8 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
         if "timing" in rp.recd:
             entry["recorded_step_times"] = rp.recd["timing"]
         entry["step_level"] = run_step_level(rec, prof)
+        if host_witness:
+            entry["host_factor"] = None if factors[i] is None else round(factors[i], 6)
         runs.append(entry)
     verdicts = [it["pass"] for r in runs for it in r["items"].values() if it["pass"] is not None]
     tol_items = [it for r in runs for it in r["items"].values()
@@ -345,6 +360,7 @@ def fidelity(run_dirs: Sequence[str | Path], *, profile: str, tolerance: float =
         "overhead_s": overhead_s, "runs": runs,
         "step_time_noise": noisy,
         **({"noise_draws": draws} if draws > 1 else {}),
+        **({"host_witness": term.model_dump()} if host_witness and term is not None else {}),
         "server_front_end": None if sv is None else {
             "arrival_s": sv.arrival_s, "per_step_s": sv.step_time.overhead_s, "per_chunk_s": sv.per_chunk_s,
             **({"per_first_chunk_s": sv.per_first_chunk_s, "per_last_chunk_s": sv.per_last_chunk_s}
@@ -471,6 +487,11 @@ def format_table(report: dict[str, Any]) -> str:
     if k > 1:
         lines.append(f"profile replays: {k} noise draws a run; twin = their median, twin sp. = their spread "
                      f"(max / min - 1)")
+    hw = report.get("host_witness")
+    if hw is not None:
+        lines.append(f"profile replays scaled by each run's host witness (--host-witness): level = (witness / "
+                     f"{hw['reference_ms']:.3f} ms) ^ {hw['exponent']:.2f}, fitted on {hw['runs']} calibration runs "
+                     f"(correlation {hw['correlation']:.2f}); runs without a witness are not scaled")
     head = (f"  {'item':<16}{'real':>11}{'twin':>11}{'error':>9}{'tol':>7}{'spread':>8}  {'verdict':<8}"
             f"{'twin*':>11}{'error*':>9}" + (f"{'twin sp.':>10}" if k > 1 else ""))
     for r in report["runs"]:
@@ -516,8 +537,10 @@ def format_table(report: dict[str, Any]) -> str:
                      for regime in ("decode", "prefill") if level.get(regime) is not None]
             if cells:
                 witness = level.get("host_witness_ms")
+                factor = r.get("host_factor")
                 lines.append("  recorded steps / the profile's model, median: " + ", ".join(cells)
-                             + ("" if witness is None else f"; host witness {witness:.2f} ms"))
+                             + ("" if witness is None else f"; host witness {witness:.2f} ms")
+                             + ("" if factor is None else f", the profile replay scaled x{factor:.3f} for it"))
     s = report["summary"]
     lines += ["", "twin = replay with the profile's step times (verdict); twin* = replay with the recorded step "
                   "times + the profile's overhead (server runs: + the server front end, each step timed from the "

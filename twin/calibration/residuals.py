@@ -33,6 +33,7 @@ from twin.calibration.calibrate import CalibrationError, run_samples
 from twin.calibration.recorded import RecordedRun, load_recorded_run
 from twin.calibration.regimes import predict_model_s
 from twin.calibration.server import ReconstructionError, idle_wakes, reconstruct
+from twin.calibration.witness import run_witness_ms
 from twin.engine_profiles.step import StepShape
 
 DEFAULT_BIAS = 0.05
@@ -200,8 +201,7 @@ def _run_level(rec: RecordedRun, rows: list[_Step], bias: float) -> dict[str, An
         level["speed_probe_ms"] = [float(probe[k]["median_s"]) * 1e3 for k in ("before", "after")]
     except (KeyError, TypeError, ValueError):  # no probe, or one that failed ({"error": ...})
         level["speed_probe_ms"] = None
-    witness = (rec.run.workload or {}).get("host_witness") or {}
-    level["host_witness_ms"] = float(witness["median_ms"]) if "median_ms" in witness else None
+    level["host_witness_ms"] = run_witness_ms(rec)
     return level
 
 

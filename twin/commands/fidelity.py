@@ -1,4 +1,5 @@
-"""``twin fidelity --profile P RUN_DIR... [--json FILE] [--steps]``: the twin's error on recorded runs, by item.
+"""``twin fidelity --profile P RUN_DIR... [--json FILE] [--steps] [--host-witness]``: the twin's error on recorded runs,
+by item.
 
 ``twin fidelity --sessions SESSION_DIR... [--profile P]``: many calibration sessions (the folders
 ``scripts/calibrate-cpu.sh`` writes) at once: each one's held-out runs with its own profile (or all with ``P``), a
@@ -33,6 +34,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draws", type=int, default=None,
                    help="with noise: replay each run with this many noise draws and judge their median "
                         "(default 1: one draw, the table as before; with --sessions 9, as the one command)")
+    p.add_argument("--host-witness", action="store_true",
+                   help="scale each profile replay's model time by the level the profile's host_witness term predicts "
+                        "from the run's own host witness (runs and profiles recorded and fitted since 2026-12-08; "
+                        "docs/calibration.md, \"The host witness in the replay\")")
     p.add_argument("--sessions", action="store_true",
                    help="the folders are calibration sessions (a profile *.yaml and held-out*/<workload>/ runs, as "
                         "scripts/calibrate-cpu.sh writes them): each one's held-out runs with its own profile, a line "
@@ -54,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
     if not 0 < args.tolerance < 10:
         print("twin fidelity: --tolerance must be a positive fraction", file=sys.stderr)
         return 2
+    if args.host_witness and (args.sessions or args.steps):
+        print("twin fidelity: --host-witness goes with a plain table, not --sessions or --steps", file=sys.stderr)
+        return 2
     if args.sessions:
         from twin.calibration.sessions import format_sessions, sessions_report
 
@@ -73,5 +81,6 @@ def run(args: argparse.Namespace) -> int:
         return print_report("fidelity", lambda: step_residuals(args.run_dirs, profile=args.profile, bias=args.bias),
                             format_residuals, args.json, (RecordedRunError, UnknownProfileError, ValueError, OSError))
     return print_report("fidelity", lambda: fidelity(args.run_dirs, profile=args.profile, tolerance=args.tolerance,
-                                                     noise=args.noise, draws=1 if args.draws is None else args.draws),
+                                                     noise=args.noise, draws=1 if args.draws is None else args.draws,
+                                                     host_witness=args.host_witness),
                         format_table, args.json, (RecordedRunError, UnknownProfileError, ValueError, OSError))

@@ -348,6 +348,23 @@ class StepTimeNoise(_Frozen):
         return self
 
 
+class HostWitnessTerm(_Frozen):
+    """How a recorded run's steps follow the host's speed, as the recorder's host witness measures it (replays of
+    recorded runs only, and only when asked: ``twin fidelity --host-witness``; docs/calibration.md).
+
+    Fitted by ``twin calibrate`` on the calibration runs that carry a witness: ``level = (witness / reference_ms) **
+    exponent``, least squares in logs, where a run's level is the median recorded / modelled time of its decode steps
+    and its witness the median sample of ``workload.host_witness`` (``_vllm_common.HostWitness``). A replay that uses
+    it scales each step's modelled model-execution time by the run's own ``level``.
+    """
+
+    reference_ms: float = Field(gt=0, description="the witness's median at which the fitted model's level is 1")
+    exponent: float = Field(description="d log(level) / d log(witness) over the calibration runs")
+    runs: int = Field(ge=3, description="calibration runs behind the fit")
+    correlation: float = Field(ge=-1, le=1, description="of log level and log witness over those runs")
+    notes: str = ""
+
+
 class ServerFrontEnd(_Frozen):
     """An engine behind vLLM's OpenAI API server (recorded runs with ``mode: server``; offline runs and the
     fleet simulation do not use it). Fitted by ``twin calibrate`` from server runs (docs/calibration.md)."""
@@ -413,6 +430,8 @@ class EngineProfileSpec(_Frozen):
     server: ServerFrontEnd | None = Field(default=None, description="only for replays of server-mode recordings")
     step_time_noise: StepTimeNoise | None = Field(
         default=None, description="fitted step-time noise, used by replays of recorded runs only (None: deterministic)")
+    host_witness: HostWitnessTerm | None = Field(
+        default=None, description="how the calibration runs' steps followed the host witness (replays on request)")
 
     @model_validator(mode="after")
     def _tp_divides_heads(self) -> EngineProfileSpec:
