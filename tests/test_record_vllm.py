@@ -55,6 +55,15 @@ def _check(out: Path, spec: WorkloadSpec) -> None:
     # and the machine's load during the run: the recording's own processes busy, the rest measured (both modes)
     load = rec.run.workload["host_load"]
     assert load["wall_s"] > 0 and load["own_cores"] > 0.3 and rec.other_load_cores == load["other_cores"] >= 0.0
+    # and the host's speed beside the run, sampled on a core the model does not use (_vllm_common.HostWitness); a
+    # run shorter than two of its periods may have no sample, and says so
+    witness = rec.run.workload["host_witness"]
+    if load["wall_s"] < 2 * 0.5 and "error" in witness:
+        assert witness["error"].startswith("no samples during the run"), witness
+    else:
+        assert "error" not in witness, witness
+        assert witness["samples"] == len(witness["ms"]) >= 1 and witness["median_ms"] > 0
+        assert not set(witness["cpus"]) & set(probe["before"]["cpus"])
 
 
 def test_record_offline(vllm_venv: Path, tmp_path: Path) -> None:
