@@ -298,6 +298,8 @@ def write_spec(spec: EngineProfileSpec, path: Path) -> None:
         data.pop("server", None)
     if data.get("step_time_noise") is None:  # nor do profiles without a fitted noise term
         data.pop("step_time_noise", None)
+    if data.get("host_witness") is None:  # nor those fitted from runs without the host witness
+        data.pop("host_witness", None)
     if data.get("server") is not None and data["server"].get("step_time_noise") is None:
         data["server"].pop("step_time_noise", None)
     path.write_text(yaml.safe_dump(data, sort_keys=False, width=120))
