@@ -84,22 +84,12 @@ def test_passes_with_different_witnesses_are_repeats():
 def test_fidelity_prints_the_witness_under_a_run(tmp_path):
     from twin.calibration.fidelity import fidelity, format_table
 
-    src = Path(__file__).parent / "fixtures" / "calibration" / "cpu-tiny-llama-avx2-3"
-    run = src / "held-out" / "heldout-offline-kv-prefix"
-    dst = tmp_path / "run"
-    dst.mkdir()
-    for f in run.iterdir():
-        if f.is_file():
-            (dst / f.name).write_bytes(f.read_bytes())
-    meta = json.loads((dst / "run.json").read_text())
-    meta["workload"]["host_witness"] = {"cpus": [1], "period_s": 0.5, "buffer_mb": 32, "median_ms": 2.345,
-                                        "median_cpu_ms": 2.3, "samples": 1, "t_s": [0.1], "ms": [2.345],
-                                        "cpu_ms": [2.3]}
-    (dst / "run.json").write_text(json.dumps(meta))
-    rep = fidelity([dst], profile=str(src / "cpu-tiny-llama.yaml"), noise=False)
+    run = SESSION / "held-out" / "heldout-offline-kv-prefix"
+    dst = _copy_run(run, tmp_path / "run", 2.345)
+    rep = fidelity([dst], profile=str(PROFILE), noise=False)
     assert rep["runs"][0]["step_level"]["host_witness_ms"] == 2.345
     assert "; host witness 2.35 ms" in format_table(rep)
-    plain = fidelity([run], profile=str(src / "cpu-tiny-llama.yaml"), noise=False)
+    plain = fidelity([run], profile=str(PROFILE), noise=False)
     assert plain["runs"][0]["step_level"]["host_witness_ms"] is None
     assert "host witness" not in format_table(plain)
 

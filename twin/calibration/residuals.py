@@ -190,8 +190,8 @@ def _run_level(rec: RecordedRun, rows: list[_Step], bias: float) -> dict[str, An
     """One run's level: its decode and its prefill-carrying steps binned whole (``decode``, ``prefill``; None
     without such steps), the recorder's speed probe before and after it (``speed_probe_ms``, the median trial;
     None where the run has none) and its host witness during it (``host_witness_ms``, the median sample; None where
-    the run has none: ``_vllm_common.HostWitness``). A run whose decode steps sit off the model while the others' do not ran at its own
-    speed (another host, a slower start, a neighbour), which no term of the model can follow. The probe is a hint,
+    the run has none: ``_vllm_common.HostWitness``). A run whose decode steps sit off the model while the others' do
+    not ran at its own speed (another host, a slower start, a neighbour), which no term of the model can follow. The probe is a hint,
     not a measure: before server runs it has read slow where the run then sat on the model (docs/calibration.md,
     "Step-time residuals by regime")."""
     bins = {b["bin"]: b for b in _binned(rows, lambda x: "prefill" if x.shape.prefill_requests > 0 else "decode", bias)}
